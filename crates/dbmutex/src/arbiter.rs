@@ -1,0 +1,217 @@
+//! In-process arbitration: a reader-writer lock per key, shared by the tasks
+//! of one process that use one server session (or one lock directory).
+//!
+//! The server cannot tell two tasks on one session apart (its locks are
+//! re-entrant per session), so exclusion between those tasks happens here,
+//! before the server is asked. Waiting here costs the server nothing.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::Mode;
+
+/// The per-key state.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<State>,
+    /// Woken when an in-process holder releases.
+    pub(crate) local: Notify,
+    /// Woken when another process may have released (PostgreSQL `NOTIFY`).
+    pub(crate) remote: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    exclusive: bool,
+    shared: u32,
+}
+
+impl State {
+    fn try_take(&mut self, mode: Mode) -> bool {
+        match mode {
+            Mode::Exclusive if !self.exclusive && self.shared == 0 => self.exclusive = true,
+            Mode::Shared if !self.exclusive => self.shared += 1,
+            _ => return false,
+        }
+        true
+    }
+
+    fn give_back(&mut self, mode: Mode) {
+        match mode {
+            Mode::Exclusive => self.exclusive = false,
+            Mode::Shared => self.shared = self.shared.saturating_sub(1),
+        }
+    }
+}
+
+/// The table of keys in use.
+pub(crate) struct Arbiter<K> {
+    slots: Mutex<HashMap<K, Arc<Slot>>>,
+}
+
+impl<K: Hash + Eq + Clone> Default for Arbiter<K> {
+    fn default() -> Self {
+        Arbiter {
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// An in-process hold on a key; released (and waiters woken) on drop.
+pub(crate) struct Hold<K: Hash + Eq + Clone> {
+    arbiter: Arc<Arbiter<K>>,
+    key: K,
+    slot: Arc<Slot>,
+    mode: Mode,
+}
+
+impl<K: Hash + Eq + Clone> Arbiter<K> {
+    /// The slot for `key`, created on first use.
+    pub(crate) fn slot(&self, key: &K) -> Arc<Slot> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.entry(key.clone()).or_default().clone()
+    }
+
+    /// The slot for `key` if some task uses it now.
+    pub(crate) fn existing_slot(&self, key: &K) -> Option<Arc<Slot>> {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.get(key).cloned()
+    }
+
+    /// Takes the in-process hold, waiting until `deadline` (`None`: forever).
+    /// Returns `None` when the deadline passed first.
+    ///
+    /// Cancel safety: dropping the future leaves nothing held.
+    pub(crate) async fn hold(
+        self: &Arc<Self>,
+        key: &K,
+        mode: Mode,
+        deadline: Option<Instant>,
+    ) -> Option<Hold<K>> {
+        let slot = self.slot(key);
+        let try_take = |slot: &Slot| {
+            slot.state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_take(mode)
+        };
+        let took = loop {
+            let notified = slot.local.notified();
+            tokio::pin!(notified);
+            // Register before checking, so a release in between is not missed.
+            notified.as_mut().enable();
+            if try_take(&slot) {
+                break true;
+            }
+            match deadline {
+                None => notified.await,
+                Some(d) => {
+                    if Instant::now() >= d || tokio::time::timeout_at(d, notified).await.is_err() {
+                        // One last look at the deadline, then give up.
+                        break try_take(&slot);
+                    }
+                }
+            }
+        };
+        if took {
+            Some(Hold {
+                arbiter: self.clone(),
+                key: key.clone(),
+                slot,
+                mode,
+            })
+        } else {
+            self.forget_if_unused(key, slot);
+            None
+        }
+    }
+
+    /// Drops the table entry when nobody else refers to it.
+    fn forget_if_unused(&self, key: &K, slot: Arc<Slot>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        // Two references: the table's and ours.
+        if Arc::strong_count(&slot) == 2 {
+            let st = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.exclusive && st.shared == 0 {
+                drop(st);
+                slots.remove(key);
+            }
+        }
+    }
+
+    /// Number of keys in the table (for tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+}
+
+impl<K: Hash + Eq + Clone> Hold<K> {
+    /// The key's slot (its wake-ups).
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Hold<K> {
+    fn drop(&mut self) {
+        self.slot
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .give_back(self.mode);
+        self.slot.local.notify_waiters();
+        self.arbiter.forget_if_unused(&self.key, self.slot.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn exclusive_and_shared() {
+        let a: Arc<Arbiter<u8>> = Arc::default();
+        let now = || Some(Instant::now());
+        let x = a.hold(&1, Mode::Exclusive, None).await.unwrap();
+        assert!(a.hold(&1, Mode::Exclusive, now()).await.is_none());
+        assert!(a.hold(&1, Mode::Shared, now()).await.is_none());
+        assert!(a.hold(&2, Mode::Exclusive, now()).await.is_some());
+        drop(x);
+        let s1 = a.hold(&1, Mode::Shared, now()).await.unwrap();
+        let s2 = a.hold(&1, Mode::Shared, now()).await.unwrap();
+        assert!(a.hold(&1, Mode::Exclusive, now()).await.is_none());
+        drop(s1);
+        drop(s2);
+        assert_eq!(a.len(), 0, "unused entries are removed");
+    }
+
+    #[tokio::test]
+    async fn waiter_wakes_on_release() {
+        let a: Arc<Arbiter<u8>> = Arc::default();
+        let x = a.hold(&1, Mode::Exclusive, None).await.unwrap();
+        let a2 = a.clone();
+        let waiter = tokio::spawn(async move { a2.hold(&1, Mode::Exclusive, None).await.is_some() });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        drop(x);
+        assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn cancelled_waiter_leaves_nothing() {
+        let a: Arc<Arbiter<u8>> = Arc::default();
+        let x = a.hold(&1, Mode::Exclusive, None).await.unwrap();
+        let fut = a.hold(&1, Mode::Exclusive, None);
+        assert!(tokio::time::timeout(Duration::from_millis(10), fut)
+            .await
+            .is_err());
+        drop(x);
+        assert_eq!(a.len(), 0);
+    }
+}

@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod arbiter;
+mod error;
+mod guard;
+pub mod key;
+mod local;
+mod locker;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod options;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+mod wait;
+
+pub use error::{Error, Result};
+pub use guard::LockGuard;
+pub use key::{LockName, Prefix};
+pub use locker::{
+    current_locks, redact_url, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
+    DEFAULT_MAX_LOCKS,
+};
+pub use options::{LockOptions, Mode, WaitStrategy};

@@ -1,0 +1,586 @@
+//! The `Locker`: one entry point for every backend.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::guard::{Held, LockGuard};
+use crate::key::Prefix;
+use crate::{Error, LockName, LockOptions, Mode, Result};
+
+/// Which backend a [`Locker`] talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// PostgreSQL advisory locks.
+    Postgres,
+    /// MySQL / MariaDB `GET_LOCK`.
+    Mysql,
+    /// Lock files on this host, plus in-process arbitration.
+    Local,
+}
+
+impl BackendKind {
+    /// `"postgres"`, `"mysql"` or `"local"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Postgres => "postgres",
+            BackendKind::Mysql => "mysql",
+            BackendKind::Local => "local",
+        }
+    }
+}
+
+/// Who holds a lock, as the server reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// Backend process id (PostgreSQL) or connection id (MySQL) or OS
+    /// process id (local backend, when known).
+    pub pid: i64,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The holder's `application_name` (PostgreSQL), or program name.
+    pub application: Option<String>,
+    /// The database user.
+    pub user: Option<String>,
+    /// The holder's client address (`host:port` or `local`).
+    pub client: Option<String>,
+    /// Since when, as the server formats its timestamp: lock wait start or
+    /// backend start on PostgreSQL, connection start on MySQL.
+    pub since: Option<String>,
+}
+
+/// One lock in [`Locker::list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListedLock {
+    /// The lock's name, where it can be known (PostgreSQL: from the lock
+    /// statement's SQL comment, which the gem writes too).
+    pub name: Option<String>,
+    /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
+    /// the lock file name (local).
+    pub key: String,
+    /// Who holds it.
+    pub holder: Holder,
+}
+
+/// A lock held by the current task through [`Locker::with_lock`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The lock's name.
+    pub name: LockName,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The backend that holds it.
+    pub backend: BackendKind,
+    locker_id: u64,
+}
+
+tokio::task_local! {
+    static HELD: Vec<HeldLock>;
+}
+
+/// The locks the current task holds through [`Locker::with_lock`] (any
+/// locker), outermost first. Empty outside any scoped call. Locks held
+/// through guards are not listed: a guard can move between tasks.
+pub fn current_locks() -> Vec<HeldLock> {
+    HELD.try_with(|h| h.clone()).unwrap_or_default()
+}
+
+/// The result of a scoped call: the closure's value, or "not acquired".
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome<T> {
+    /// The lock was acquired and the closure returned this value.
+    Acquired(T),
+    /// The lock was not acquired within the wait; the closure did not run.
+    NotAcquired,
+}
+
+impl<T> Outcome<T> {
+    /// `Some(value)` if the closure ran.
+    pub fn acquired(self) -> Option<T> {
+        match self {
+            Outcome::Acquired(v) => Some(v),
+            Outcome::NotAcquired => None,
+        }
+    }
+
+    /// True if the closure ran.
+    pub fn was_acquired(&self) -> bool {
+        matches!(self, Outcome::Acquired(_))
+    }
+}
+
+/// Backend operations behind a [`Locker`].
+pub(crate) enum Backend {
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::PgBackend),
+    #[cfg(feature = "mysql")]
+    Mysql(crate::mysql::MyBackend),
+    Local(crate::local::LocalBackend),
+}
+
+macro_rules! dispatch {
+    ($backend:expr, $b:ident => $body:expr) => {
+        match $backend {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($b) => $body,
+            #[cfg(feature = "mysql")]
+            Backend::Mysql($b) => $body,
+            Backend::Local($b) => $body,
+        }
+    };
+}
+
+/// Settings shared by every backend.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) prefix: Prefix,
+    pub(crate) max_locks: usize,
+    pub(crate) keepalive: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) application_name: String,
+}
+
+struct Inner {
+    backend: Backend,
+    settings: Settings,
+    id: u64,
+    count: Arc<AtomicUsize>,
+}
+
+/// A handle for taking locks on one backend. Cheap to clone; clones share
+/// connections and in-process arbitration.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), dbmutex::Error> {
+/// use dbmutex::{Locker, LockOptions, Outcome};
+/// let locker = Locker::connect("postgres://postgres@127.0.0.1/test").await?;
+///
+/// // Scoped: run a closure under the lock.
+/// let out = locker
+///     .with_lock("account-sync-42", &LockOptions::try_once(), || async { 42 })
+///     .await?;
+/// assert_eq!(out, Outcome::Acquired(42));
+///
+/// // Guard: hold it as long as you like, release explicitly.
+/// let guard = locker.lock("nightly-report").await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.backend())
+            .field("held", &self.held_count())
+            .finish()
+    }
+}
+
+/// Builds a [`Locker`] with non-default settings.
+#[derive(Clone, Debug)]
+pub struct LockerBuilder {
+    target: Target,
+    settings: Settings,
+}
+
+#[derive(Clone)]
+enum Target {
+    Url(String),
+    Local(Option<PathBuf>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Url(u) => write!(f, "Url({})", redact_url(u)),
+            Target::Local(p) => write!(f, "Local({p:?})"),
+        }
+    }
+}
+
+/// The URL with any password (user-info or `password=` parameter) replaced
+/// by `***`, for messages.
+pub fn redact_url(url: &str) -> String {
+    let url = redact_userinfo(url);
+    match url.find('?') {
+        Some(q) => {
+            let params: Vec<String> = url[q + 1..]
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect();
+            format!("{}?{}", &url[..q], params.join("&"))
+        }
+        None => url,
+    }
+}
+
+fn redact_userinfo(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let auth = &rest[..auth_end];
+    match auth.rfind('@') {
+        Some(at) => {
+            let userinfo = &auth[..at];
+            match userinfo.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..scheme_end + 3], &userinfo[..c], &rest[at..]),
+                None => url.to_owned(),
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The default cap on locks one locker holds at once (see
+/// [`LockerBuilder::max_locks`]): well below PostgreSQL's default lock table
+/// (about 12,800 advisory locks for the whole server), which, once full,
+/// makes every session's queries fail.
+pub const DEFAULT_MAX_LOCKS: usize = 4096;
+
+impl LockerBuilder {
+    fn new(target: Target) -> Self {
+        LockerBuilder {
+            target,
+            settings: Settings {
+                prefix: Prefix::from_env(),
+                max_locks: DEFAULT_MAX_LOCKS,
+                keepalive: Duration::from_secs(1),
+                connect_timeout: Duration::from_secs(5),
+                application_name: "dbmutex".into(),
+            },
+        }
+    }
+
+    /// The key prefix (default: env `WITH_ADVISORY_LOCK_PREFIX`, else none).
+    pub fn prefix(mut self, prefix: impl Into<Prefix>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// The most locks this locker holds at once (default
+    /// [`DEFAULT_MAX_LOCKS`]); past it, acquisitions fail with
+    /// [`Error::TooManyLocks`].
+    pub fn max_locks(mut self, n: usize) -> Self {
+        self.settings.max_locks = n;
+        self
+    }
+
+    /// How often an idle lock connection is checked (default 1 s). A dead
+    /// connection is reported as lost at most about twice this late.
+    pub fn keepalive(mut self, d: Duration) -> Self {
+        self.settings.keepalive = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long connecting may take before failing (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.settings.connect_timeout = d;
+        self
+    }
+
+    /// The `application_name` the server shows for lock connections
+    /// (default `dbmutex`; a URL's own `application_name` wins).
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.settings.application_name = name.into();
+        self
+    }
+
+    /// Creates the locker. Database backends connect now, so a wrong URL,
+    /// an unreachable server or bad credentials fail here.
+    pub async fn connect(self) -> Result<Locker> {
+        let backend = match &self.target {
+            Target::Local(dir) => {
+                Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)
+            }
+            Target::Url(url) => match url.split_once("://").map(|(s, _)| s) {
+                #[cfg(feature = "postgres")]
+                Some("postgres" | "postgresql") => {
+                    Backend::Postgres(crate::postgres::PgBackend::connect(url, &self.settings).await?)
+                }
+                #[cfg(feature = "mysql")]
+                Some("mysql" | "mariadb") => {
+                    Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings).await?)
+                }
+                Some("file") => Backend::Local(crate::local::LocalBackend::new(
+                    Some(PathBuf::from(&url["file://".len()..])),
+                    &self.settings,
+                )?),
+                Some(s) => {
+                    return Err(Error::Config(format!(
+                        "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                    )))
+                }
+                None => {
+                    return Err(Error::Config(format!(
+                        "not a URL: {:?} (expected postgres://, mysql://, mariadb:// or file://)",
+                        redact_url(url)
+                    )))
+                }
+            },
+        };
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                backend,
+                settings: self.settings,
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                count: Arc::new(AtomicUsize::new(0)),
+            }),
+        })
+    }
+}
+
+impl Locker {
+    /// Connects with default settings. `postgres://` / `postgresql://`,
+    /// `mysql://` / `mariadb://`, or `file:///lock/dir` for the local backend.
+    pub async fn connect(url: &str) -> Result<Locker> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for `url` (see [`Locker::connect`] for the schemes).
+    pub fn builder(url: &str) -> LockerBuilder {
+        LockerBuilder::new(Target::Url(url.to_owned()))
+    }
+
+    /// A builder for the local backend: lock files under `dir`, or (`None`)
+    /// under env `DBMUTEX_LOCK_DIR`, else a per-user runtime directory.
+    pub fn local_builder(dir: Option<PathBuf>) -> LockerBuilder {
+        LockerBuilder::new(Target::Local(dir))
+    }
+
+    /// Which backend this locker uses.
+    pub fn backend(&self) -> BackendKind {
+        dispatch!(&self.inner.backend, _b => _b.kind())
+    }
+
+    /// The number of locks held through this locker (and its clones) now.
+    pub fn held_count(&self) -> usize {
+        self.inner.count.load(Ordering::Relaxed)
+    }
+
+    /// Waits as long as it takes for an exclusive lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: if the future is dropped at any point, the lock is not
+    /// left held (an acquisition already under way in the server is undone).
+    pub async fn lock(&self, name: impl Into<LockName>) -> Result<LockGuard> {
+        match self.acquire(name, &LockOptions::new()).await? {
+            Some(g) => Ok(g),
+            None => unreachable!("a wait without a bound only ends acquired or with an error"),
+        }
+    }
+
+    /// Tries once for an exclusive lock; `None` if someone holds it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::lock`].
+    pub async fn try_lock(&self, name: impl Into<LockName>) -> Result<Option<LockGuard>> {
+        self.acquire(name, &LockOptions::try_once()).await
+    }
+
+    /// Acquires with the given options; `None` when the wait ended without
+    /// the lock (contention, timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::lock`].
+    pub async fn acquire(&self, name: impl Into<LockName>, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let name = name.into();
+        name.validate()?;
+        let inner = &self.inner;
+        if inner.count.load(Ordering::Relaxed) >= inner.settings.max_locks {
+            return Err(Error::TooManyLocks {
+                limit: inner.settings.max_locks,
+            });
+        }
+        // Count before the first await, so concurrent acquirers respect the cap.
+        inner.count.fetch_add(1, Ordering::Relaxed);
+        let reservation = Reservation(&inner.count);
+        let start = Instant::now();
+        let held: Option<Box<dyn Held>> =
+            dispatch!(&inner.backend, b => b.acquire(&name, opts, &inner.settings).await)?;
+        let waited = start.elapsed();
+        match held {
+            Some(h) => {
+                std::mem::forget(reservation);
+                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us = waited.as_micros() as u64, "dbmutex: acquired");
+                Ok(Some(LockGuard::new(h, name, opts.mode, inner.count.clone())))
+            }
+            None => {
+                tracing::debug!(name = %name, waited_us = waited.as_micros() as u64, "dbmutex: not acquired (contended or timed out)");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs `f` under the lock and returns its value, or
+    /// [`Outcome::NotAcquired`] when the lock was not acquired within the
+    /// wait (`f` did not run).
+    ///
+    /// - Re-entrant: a nested call for the same name and mode in the same task
+    ///   (on this locker) runs `f` at once, with no SQL.
+    /// - If the lock is lost while `f` runs, `f` is dropped at its next await
+    ///   point and the call returns [`Error::LockLost`].
+    /// - An error value from `f` is just a value: the lock is released and the
+    ///   value returned. A panic in `f` releases the lock and propagates.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future drops `f` and releases the lock.
+    pub async fn with_lock<T, F, Fut>(
+        &self,
+        name: impl Into<LockName>,
+        opts: &LockOptions,
+        f: F,
+    ) -> Result<Outcome<T>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let name = name.into();
+        let me = HeldLock {
+            name,
+            mode: opts.mode,
+            backend: self.backend(),
+            locker_id: self.inner.id,
+        };
+        let mut stack = current_locks();
+        if stack.contains(&me) {
+            return Ok(Outcome::Acquired(f().await));
+        }
+        let Some(guard) = self.acquire(me.name.clone(), opts).await? else {
+            return Ok(Outcome::NotAcquired);
+        };
+        let lost = guard.lost();
+        stack.push(me);
+        let run = HELD.scope(stack, async {
+            tokio::select! {
+                biased;
+                v = f() => Some(v),
+                () = lost => None,
+            }
+        });
+        match run.await {
+            Some(v) => {
+                if let Err(e) = guard.release().await {
+                    // The work is done and the connection is closed, so the
+                    // server has freed the lock: the value stands.
+                    tracing::warn!(error = %e, "dbmutex: unlock after a scoped call failed");
+                }
+                Ok(Outcome::Acquired(v))
+            }
+            None => {
+                let name = guard.name().to_string();
+                tracing::warn!(name = %name, "dbmutex: lock lost during a scoped call; the work was stopped");
+                drop(guard);
+                Err(Error::LockLost { name })
+            }
+        }
+    }
+
+    /// As [`Locker::with_lock`], but "not acquired" is
+    /// [`Error::NotAcquired`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::with_lock`].
+    pub async fn with_lock_or_err<T, F, Fut>(
+        &self,
+        name: impl Into<LockName>,
+        opts: &LockOptions,
+        f: F,
+    ) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let name = name.into();
+        let start = Instant::now();
+        match self.with_lock(name.clone(), opts, f).await? {
+            Outcome::Acquired(v) => Ok(v),
+            Outcome::NotAcquired => Err(Error::NotAcquired {
+                name: name.to_string(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
+
+    /// Whether anyone holds `name` now (either mode). A snapshot: the answer
+    /// may be stale by the time you read it; use `try_lock` to act on it.
+    pub async fn is_locked(&self, name: impl Into<LockName>) -> Result<bool> {
+        let name = name.into();
+        name.validate()?;
+        dispatch!(&self.inner.backend, b => b.is_locked(&name, &self.inner.settings).await)
+    }
+
+    /// Who holds `name` now, as far as the server tells (a snapshot).
+    pub async fn holders(&self, name: impl Into<LockName>) -> Result<Vec<Holder>> {
+        let name = name.into();
+        name.validate()?;
+        dispatch!(&self.inner.backend, b => b.holders(&name, &self.inner.settings).await)
+    }
+
+    /// Every lock held on the server now (PostgreSQL: this database's
+    /// advisory locks; MySQL: user locks the server shows; local: this lock
+    /// directory's held files), with the name where it can be known.
+    pub async fn list(&self) -> Result<Vec<ListedLock>> {
+        dispatch!(&self.inner.backend, b => b.list(&self.inner.settings).await)
+    }
+
+    /// The database key `name` maps to on this locker's backend and prefix.
+    pub fn key_of(&self, name: impl Into<LockName>) -> Result<String> {
+        let name = name.into();
+        name.validate()?;
+        let prefix = &self.inner.settings.prefix;
+        match self.backend() {
+            BackendKind::Postgres => Ok(crate::key::pg_key(&name, prefix).to_string()),
+            BackendKind::Mysql => crate::key::mysql_lock_string(&name, prefix),
+            BackendKind::Local => crate::key::local_file_name(&name, prefix),
+        }
+    }
+}
+
+/// Undoes a cap reservation unless forgotten.
+struct Reservation<'a>(&'a AtomicUsize);
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redaction() {
+        assert_eq!(redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact_url("mysql://u:p@ss@h:3306/db?x=1"),
+            "mysql://u:***@h:3306/db?x=1"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact_url("postgres://h/db?sslmode=require&password=x"),
+            "postgres://h/db?sslmode=require&password=***"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-acquisition options.
+
+use std::time::Duration;
+
+/// Exclusive or shared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One holder at a time (the default).
+    #[default]
+    Exclusive,
+    /// Any number of shared holders, excluded by an exclusive one (PostgreSQL
+    /// and the local backend; MySQL answers [`Error::Unsupported`](crate::Error::Unsupported)).
+    Shared,
+}
+
+impl Mode {
+    /// `"exclusive"` or `"shared"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// How a waiter waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WaitStrategy {
+    /// Try, then retry with jittered, growing backoff (capped at
+    /// [`LockOptions::max_backoff`]), woken early when a task of this process
+    /// releases. Costs the server nothing while waiting; no deadlock detection.
+    #[default]
+    Poll,
+    /// Block in the server (`pg_advisory_lock`, `GET_LOCK`) on a dedicated
+    /// connection: the server queues waiters, hands the lock over the moment
+    /// it is released, and (PostgreSQL) detects deadlocks. A bounded wait sets
+    /// `lock_timeout` for that one statement only.
+    Server,
+}
+
+/// Options for one acquisition. The default: exclusive, wait forever, poll.
+///
+/// ```
+/// use std::time::Duration;
+/// use dbmutex::{LockOptions, WaitStrategy};
+/// let opts = LockOptions::new()
+///     .timeout(Duration::from_millis(500))
+///     .shared(true)
+///     .wait_strategy(WaitStrategy::Server);
+/// assert_eq!(opts.get_timeout(), Some(Duration::from_millis(500)));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) mode: Mode,
+    pub(crate) transaction: bool,
+    pub(crate) strategy: WaitStrategy,
+    pub(crate) max_backoff: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            timeout: None,
+            mode: Mode::Exclusive,
+            transaction: false,
+            strategy: WaitStrategy::Poll,
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+impl LockOptions {
+    /// Exclusive, wait forever, poll.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Try once: do not wait at all.
+    pub fn try_once() -> Self {
+        Self::new().timeout(Duration::ZERO)
+    }
+
+    /// Wait at most `d` (measured on a monotonic clock; a last attempt is made
+    /// at the deadline). `Duration::ZERO` tries once.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// Wait forever (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.timeout = None;
+        self
+    }
+
+    /// `Some(d)`: wait at most `d`; `None`: wait forever.
+    pub fn timeout_opt(mut self, d: Option<Duration>) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Shared (`true`) or exclusive (`false`, the default).
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.mode = if shared { Mode::Shared } else { Mode::Exclusive };
+        self
+    }
+
+    /// Exclusive or shared.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Hold a transaction-level lock (`pg_advisory_xact_lock*`) inside a
+    /// transaction that the guard keeps open on a dedicated connection; the
+    /// lock ends with that transaction. This mode stays correct behind
+    /// PgBouncer in transaction pooling. PostgreSQL only.
+    pub fn transaction(mut self, transaction: bool) -> Self {
+        self.transaction = transaction;
+        self
+    }
+
+    /// How to wait (see [`WaitStrategy`]).
+    pub fn wait_strategy(mut self, strategy: WaitStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The longest sleep between two polls (default 100 ms).
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The wait bound: `None` = forever.
+    pub fn get_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The lock mode.
+    pub fn get_mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether this is a transaction-level lock.
+    pub fn is_transaction(&self) -> bool {
+        self.transaction
+    }
+
+    /// The wait strategy.
+    pub fn get_wait_strategy(&self) -> WaitStrategy {
+        self.strategy
+    }
+
+    /// True when the options ask for a single attempt.
+    pub(crate) fn is_try_once(&self) -> bool {
+        self.timeout == Some(Duration::ZERO)
+    }
+}

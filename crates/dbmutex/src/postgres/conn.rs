@@ -1,0 +1,340 @@
+//! PostgreSQL connections: URL and TLS handling, and a connection whose end
+//! is an immediate lock-loss signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
+
+use crate::locker::{redact_url, Settings};
+use crate::{Error, Result};
+
+/// What to do with `NOTIFY` messages arriving on a connection.
+pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// How to make connections: a parsed configuration and a TLS choice.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    config: Config,
+    tls: Tls,
+}
+
+#[derive(Clone)]
+enum Tls {
+    Off,
+    #[cfg(feature = "tls")]
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Connector {
+    /// Parses a `postgres://` URL. `sslmode` follows libpq: `disable`;
+    /// `prefer` (the default) and `require` encrypt without verifying the
+    /// certificate; `verify-ca` and `verify-full` verify it (against
+    /// `sslrootcert` if given, else the Mozilla roots) and the host name.
+    pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut kept = Vec::new();
+        let mut sslmode = "prefer".to_owned();
+        let mut rootcert = None;
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            match kv.split_once('=') {
+                Some(("sslmode", v)) => sslmode = v.to_owned(),
+                Some(("sslrootcert", v)) => rootcert = Some(v.to_owned()),
+                _ => kept.push(kv),
+            }
+        }
+        let verify = match sslmode.as_str() {
+            "disable" | "allow" => None,
+            "prefer" | "require" => Some(false),
+            "verify-ca" | "verify-full" => Some(true),
+            other => {
+                return Err(Error::Config(format!(
+                    "sslmode={other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+                )))
+            }
+        };
+        let pg_mode = match sslmode.as_str() {
+            "disable" | "allow" => "disable",
+            "prefer" => "prefer",
+            _ => "require",
+        };
+        kept.push(if pg_mode == "disable" {
+            "sslmode=disable"
+        } else if pg_mode == "prefer" {
+            "sslmode=prefer"
+        } else {
+            "sslmode=require"
+        });
+        let rebuilt = format!("{base}?{}", kept.join("&"));
+        let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
+            Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url)))
+        })?;
+        let tls = match verify {
+            None => Tls::Off,
+            Some(verify) => make_tls(verify, rootcert.as_deref())?,
+        };
+        Ok(Self::with_config(config, tls, settings))
+    }
+
+    /// From a tokio-postgres `Config` (TLS as its `ssl_mode` says, unverified).
+    pub(crate) fn from_config(config: Config, settings: &Settings) -> Result<Self> {
+        let tls = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => Tls::Off,
+            _ => make_tls(false, None)?,
+        };
+        Ok(Self::with_config(config, tls, settings))
+    }
+
+    fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(settings.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name(&settings.application_name);
+        }
+        // The kernel notices a dead peer of an idle connection after about
+        // idle + interval; TCP_USER_TIMEOUT bounds unacknowledged sends.
+        let ka = settings.keepalive.max(Duration::from_secs(1));
+        config
+            .keepalives(true)
+            .keepalives_idle(ka)
+            .keepalives_interval(ka)
+            .keepalives_retries(1)
+            .tcp_user_timeout(ka * 2);
+        Connector { config, tls }
+    }
+
+    /// Opens a connection. `on_notify` receives `NOTIFY` messages.
+    pub(crate) async fn connect(
+        &self,
+        settings: &Settings,
+        on_notify: Option<NotifyHandler>,
+    ) -> Result<Arc<PgConn>> {
+        let fut = async {
+            match &self.tls {
+                Tls::Off => {
+                    let (client, conn) = self
+                        .config
+                        .connect(tokio_postgres::NoTls)
+                        .await
+                        .map_err(connect_err)?;
+                    Ok::<_, Error>(PgConn::start(client, conn, self.tls.clone(), on_notify))
+                }
+                #[cfg(feature = "tls")]
+                Tls::Rustls(t) => {
+                    let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
+                    Ok::<_, Error>(PgConn::start(client, conn, self.tls.clone(), on_notify))
+                }
+            }
+        };
+        let conn = match tokio::time::timeout(settings.connect_timeout, fut).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Connect(
+                    format!("no answer from the server within {:?}", settings.connect_timeout).into(),
+                ))
+            }
+        };
+        let row = conn
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        let pid: i32 = row.get(0);
+        conn.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
+        Ok(conn)
+    }
+}
+
+fn connect_err(e: tokio_postgres::Error) -> Error {
+    Error::Connect(Box::new(e))
+}
+
+#[cfg(feature = "tls")]
+fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
+    use rustls::ClientConfig;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(format!("TLS: {e}")))?;
+    let config = if verify {
+        let mut roots = rustls::RootCertStore::empty();
+        match rootcert {
+            Some(path) => {
+                use rustls::pki_types::pem::PemObject;
+                let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+                    .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                for c in certs {
+                    let c = c.map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                    roots
+                        .add(c)
+                        .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                }
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    } else {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth()
+    };
+    Ok(Tls::Rustls(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
+}
+
+#[cfg(not(feature = "tls"))]
+fn make_tls(_verify: bool, _rootcert: Option<&str>) -> Result<Tls> {
+    Err(Error::Config(
+        "TLS requested (sslmode) but dbmutex was built without the `tls` feature; use sslmode=disable".into(),
+    ))
+}
+
+/// libpq's `sslmode=prefer`/`require`: encrypt, but accept any certificate.
+#[cfg(feature = "tls")]
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+#[cfg(feature = "tls")]
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// One server session. When its connection ends, for whatever reason, `lost`
+/// turns true at once: every lock held on it is gone.
+pub(crate) struct PgConn {
+    pub(crate) client: Client,
+    pub(crate) pid: std::sync::atomic::AtomicI32,
+    lost: watch::Sender<bool>,
+    cancel: CancelToken,
+    tls: Tls,
+    task: tokio::task::AbortHandle,
+    /// Where to spawn unlocks queued by a drop on a thread with no runtime.
+    pub(crate) runtime: tokio::runtime::Handle,
+}
+
+impl PgConn {
+    fn start<S, T>(
+        client: Client,
+        mut conn: tokio_postgres::Connection<S, T>,
+        tls: Tls,
+        on_notify: Option<NotifyHandler>,
+    ) -> Arc<PgConn>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (lost, _) = watch::channel(false);
+        let lost_tx = lost.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        if let Some(h) = &on_notify {
+                            h(n.channel(), n.payload());
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "dbmutex: PostgreSQL connection ended");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            lost_tx.send_replace(true);
+        });
+        Arc::new(PgConn {
+            cancel: client.cancel_token(),
+            client,
+            pid: std::sync::atomic::AtomicI32::new(0),
+            lost,
+            tls,
+            task: task.abort_handle(),
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// The server's process id for this session.
+    pub(crate) fn pid(&self) -> i32 {
+        self.pid.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// True once the connection is gone.
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// A receiver that turns true when the connection is gone.
+    pub(crate) fn lost_signal(&self) -> watch::Receiver<bool> {
+        self.lost.subscribe()
+    }
+
+    /// Closes the connection now (the server then frees its locks) and
+    /// reports it lost. Needs no runtime.
+    pub(crate) fn close(&self) {
+        self.task.abort();
+        self.lost.send_replace(true);
+    }
+
+    /// Asks the server to cancel the statement running on this session, in
+    /// the background, then closes the connection. Used when a waiting
+    /// statement is abandoned: without the cancel, a backend blocked in a
+    /// lock wait would not notice the closed socket until it got the lock.
+    pub(crate) fn cancel_and_close(self: &Arc<Self>) {
+        let token = self.cancel.clone();
+        let tls = self.tls.clone();
+        let me = self.clone();
+        // The close must follow the cancel: a cancel sent after the session
+        // is gone is harmless, but a closed session cannot be cancelled.
+        let _ = self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                match tls {
+                    Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,
+                    #[cfg(feature = "tls")]
+                    Tls::Rustls(t) => token.cancel_query(t).await,
+                }
+            })
+            .await;
+            me.close();
+        });
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

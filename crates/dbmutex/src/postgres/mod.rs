@@ -1,0 +1,629 @@
+//! The PostgreSQL backend, and helpers for callers who own the transaction.
+//!
+//! # How locks are held
+//!
+//! - **Session locks, polling (the default).** One connection per
+//!   [`Locker`](crate::Locker) — the *lock session* — holds every such lock of
+//!   the process. PostgreSQL cannot tell the tasks on one session apart
+//!   (session locks are re-entrant), so tasks first take an in-process hold on
+//!   the key, then ask the server. Concurrent requests are pipelined on the
+//!   one connection.
+//! - **Server-side waits** ([`WaitStrategy::Server`]) and **transaction
+//!   locks** ([`LockOptions::transaction`]) use a dedicated connection per
+//!   guard, because a blocked statement would stall the shared session.
+//! - **Your own transaction**: [`lock_xact`] takes a transaction-level lock in
+//!   a `tokio_postgres::Transaction` you own.
+//!
+//! A lock lives as long as its connection: when the connection ends (server
+//! restart, `pg_terminate_backend`, network failure noticed by TCP
+//! keepalive), every guard on it reports the loss at once. Nothing is ever
+//! re-acquired silently.
+
+mod conn;
+mod sql;
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+pub(crate) use conn::{Connector, PgConn};
+use sql::Call;
+
+use crate::arbiter::{Arbiter, Hold};
+use crate::guard::{BoxFuture, Held};
+use crate::key::{pg_key, PgKey, Prefix};
+use crate::locker::{Holder, ListedLock, Settings};
+use crate::wait;
+use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result, WaitStrategy};
+
+/// Maps a driver error met while acquiring `name`.
+fn db_err(e: tokio_postgres::Error, name: &LockName) -> Error {
+    match e.code() {
+        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Error::Deadlock {
+            name: name.to_string(),
+            source: Box::new(e),
+        },
+        Some(c) if *c == SqlState::OUT_OF_MEMORY => Error::LockTableFull(Box::new(e)),
+        Some(c)
+            if *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW =>
+        {
+            Error::Connect(Box::new(e))
+        }
+        _ if e.is_closed() => Error::Connect(Box::new(e)),
+        _ => Error::Database(Box::new(e)),
+    }
+}
+
+fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// The first boolean of a `query_typed` result.
+fn first_bool(rows: &[tokio_postgres::Row]) -> Result<bool> {
+    rows.first()
+        .and_then(|r| r.try_get::<_, bool>(0).ok())
+        .ok_or_else(|| Error::Database("the lock function returned no boolean".into()))
+}
+
+/// The first text value of a simple-query batch result.
+fn first_text(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
+    msgs.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    })
+}
+
+pub(crate) struct PgBackend {
+    connector: Connector,
+    /// The lock session shared by polling session locks; replaced when lost.
+    session: Mutex<Option<Arc<PgConn>>>,
+    connect_gate: tokio::sync::Mutex<()>,
+    arbiter: Arc<Arbiter<PgKey>>,
+}
+
+impl PgBackend {
+    pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
+        let backend = PgBackend {
+            connector: Connector::from_url(url, settings)?,
+            session: Mutex::new(None),
+            connect_gate: tokio::sync::Mutex::new(()),
+            arbiter: Arc::default(),
+        };
+        // Connect now, so a bad URL, server or password fails here.
+        backend.session(settings).await?;
+        Ok(backend)
+    }
+
+    pub(crate) fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
+    }
+
+    /// The live lock session, connecting a new one if there is none.
+    async fn session(&self, settings: &Settings) -> Result<Arc<PgConn>> {
+        if let Some(c) = self.live_session() {
+            return Ok(c);
+        }
+        let _gate = self.connect_gate.lock().await;
+        if let Some(c) = self.live_session() {
+            return Ok(c);
+        }
+        let conn = self.connector.connect(settings, None).await?;
+        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn live_session(&self) -> Option<Arc<PgConn>> {
+        let s = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        s.as_ref().filter(|c| !c.is_lost()).cloned()
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        opts: &LockOptions,
+        settings: &Settings,
+    ) -> Result<Option<Box<dyn Held>>> {
+        let key = pg_key(name, &settings.prefix);
+        if opts.transaction || opts.strategy == WaitStrategy::Server {
+            return self.acquire_dedicated(name, key, opts, settings).await;
+        }
+        let deadline = wait::deadline(opts.timeout);
+        // In-process first: costs the server nothing, and the server could
+        // not tell our tasks apart anyway.
+        let Some(hold) = self.arbiter.hold(&key, opts.mode, deadline).await else {
+            return Ok(None);
+        };
+        let conn = self.session(settings).await?;
+        let remote = hold.slot().clone();
+        let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || {
+            try_on_session(&conn, key, opts.mode, name)
+        })
+        .await?;
+        Ok(got.map(|()| {
+            Box::new(SessionHeld {
+                conn,
+                key,
+                mode: opts.mode,
+                name: name.clone(),
+                hold: Some(hold),
+            }) as Box<dyn Held>
+        }))
+    }
+
+    async fn acquire_dedicated(
+        &self,
+        name: &LockName,
+        key: PgKey,
+        opts: &LockOptions,
+        settings: &Settings,
+    ) -> Result<Option<Box<dyn Held>>> {
+        let conn = self.connector.connect(settings, None).await?;
+        // Armed until the outcome is known: if this future is dropped while
+        // a statement may still run, cancel it and close the session.
+        let mut abandon = Abandon(Some(conn.clone()));
+        let got = if opts.transaction {
+            wait_xact_dedicated(&conn, name, key, opts).await
+        } else {
+            wait_session_dedicated(&conn, name, key, opts).await
+        };
+        abandon.0 = None;
+        match got {
+            Ok(true) => Ok(Some(Box::new(DedicatedHeld {
+                conn: Some(conn),
+                key,
+                mode: opts.mode,
+                name: name.clone(),
+                xact: opts.transaction,
+            }))),
+            Ok(false) => {
+                conn.close();
+                Ok(None)
+            }
+            Err(e) => {
+                conn.close();
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) async fn is_locked(&self, name: &LockName, settings: &Settings) -> Result<bool> {
+        Ok(!self.holders(name, settings).await?.is_empty())
+    }
+
+    pub(crate) async fn holders(&self, name: &LockName, settings: &Settings) -> Result<Vec<Holder>> {
+        let key = pg_key(name, &settings.prefix);
+        let (classid, objid, objsubid) = key.pg_locks_ids();
+        let conn = self.session(settings).await?;
+        let sql =
+            format!("{LOCKS_QUERY} AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3 ORDER BY l.pid");
+        let rows = conn
+            .client
+            .query_typed(
+                &sql,
+                &[
+                    (&classid, Type::OID),
+                    (&objid, Type::OID),
+                    (&objsubid, Type::INT2),
+                ],
+            )
+            .await
+            .map_err(|e| db_err(e, name))?;
+        Ok(rows.iter().map(|r| listed(r, &settings.prefix).holder).collect())
+    }
+
+    pub(crate) async fn list(&self, settings: &Settings) -> Result<Vec<ListedLock>> {
+        let conn = self.session(settings).await?;
+        let rows = conn
+            .client
+            .query_typed(&format!("{LOCKS_QUERY} ORDER BY l.pid, l.classid, l.objid"), &[])
+            .await
+            .map_err(|e| db_err(e, &LockName::Str("(list)".into())))?;
+        Ok(rows.iter().map(|r| listed(r, &settings.prefix)).collect())
+    }
+}
+
+/// Granted advisory locks of the current database, with what
+/// `pg_stat_activity` tells of their holders (the server hides the query
+/// text of other roles' sessions unless the role may see it).
+const LOCKS_QUERY: &str = "SELECT l.classid, l.objid, l.objsubid, l.mode, l.pid, \
+     a.application_name, a.usename::text, \
+     CASE WHEN a.client_addr IS NULL THEN 'local' ELSE host(a.client_addr) || ':' || a.client_port END, \
+     coalesce(a.xact_start, a.backend_start)::text, a.query \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
+    let classid: u32 = r.get(0);
+    let objid: u32 = r.get(1);
+    let objsubid: i16 = r.get(2);
+    let mode: &str = r.get(3);
+    let key = if objsubid == 2 {
+        PgKey::Pair(classid as i32, objid as i32)
+    } else {
+        PgKey::Big(((u64::from(classid) << 32) | u64::from(objid)) as i64)
+    };
+    let query: Option<String> = r.get(9);
+    ListedLock {
+        name: query.as_deref().and_then(|q| name_from_comments(q, &key, prefix)),
+        key: key.to_string(),
+        holder: Holder {
+            pid: i64::from(r.get::<_, i32>(4)),
+            mode: if mode == "ShareLock" {
+                Mode::Shared
+            } else {
+                Mode::Exclusive
+            },
+            application: r.get(5),
+            user: r.get(6),
+            client: r.get(7),
+            since: r.get(8),
+        },
+    }
+}
+
+/// The lock name in a statement's `/* name */` comment, if it hashes to `key`
+/// (the statement may be about another lock of the same session).
+fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> Option<String> {
+    let mut rest = query;
+    while let Some(start) = rest.find("/* ") {
+        let after = &rest[start + 3..];
+        let end = after.find(" */")?;
+        let candidate = &after[..end];
+        let as_name = LockName::Str(candidate.to_owned());
+        if !candidate.is_empty() && pg_key(&as_name, prefix) == *key {
+            return Some(candidate.to_owned());
+        }
+        if let Ok(n) = candidate.parse::<i64>() {
+            if pg_key(&LockName::Int(n), prefix) == *key {
+                return Some(candidate.to_owned());
+            }
+        }
+        rest = &after[end + 3..];
+    }
+    None
+}
+
+/// One `pg_try_advisory_lock*` on the lock session, cancel-safe: the
+/// statement runs in its own task, which undoes a success nobody is left to
+/// receive.
+async fn try_on_session(conn: &Arc<PgConn>, key: PgKey, mode: Mode, name: &LockName) -> Result<Option<()>> {
+    let (tx, rx) = oneshot::channel();
+    let c = conn.clone();
+    let name2 = name.clone();
+    tokio::spawn(async move {
+        let (sql, params) = sql::bound(Call::Try, false, mode, &key, &name2);
+        let r = c.client.query_typed(&sql, &params.as_typed()).await;
+        let r = r
+            .map_err(|e| db_err(e, &name2))
+            .and_then(|rows| first_bool(&rows));
+        if let Err(Ok(true)) = tx.send(r) {
+            // Session locks are counted, so this undoes exactly our lock
+            // even if another task of ours has taken the key since.
+            let _ = unlock_on(&c, key, mode, &name2).await;
+        }
+    });
+    match rx.await {
+        Ok(r) => Ok(r?.then_some(())),
+        Err(_) => Err(Error::Database(
+            "the lock statement's task ended unexpectedly".into(),
+        )),
+    }
+}
+
+/// `pg_advisory_unlock*` on `conn`: `Err(LockLost)` when the server says we
+/// did not hold it or the connection is gone.
+async fn unlock_on(conn: &PgConn, key: PgKey, mode: Mode, name: &LockName) -> Result<()> {
+    if conn.is_lost() {
+        return Err(Error::LockLost {
+            name: name.to_string(),
+        });
+    }
+    let (sql, params) = sql::bound(Call::Unlock, false, mode, &key, name);
+    match conn.client.query_typed(&sql, &params.as_typed()).await {
+        Ok(rows) if first_bool(&rows)? => Ok(()),
+        Ok(_) => Err(Error::LockLost {
+            name: name.to_string(),
+        }),
+        Err(e) if e.is_closed() || conn.is_lost() => Err(Error::LockLost {
+            name: name.to_string(),
+        }),
+        Err(e) => {
+            // The lock's fate is unknown: close the session so the server
+            // frees it for sure.
+            conn.close();
+            Err(Error::Database(Box::new(e)))
+        }
+    }
+}
+
+/// A session lock on a dedicated connection, waiting in the server.
+async fn wait_session_dedicated(
+    conn: &PgConn,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+) -> Result<bool> {
+    if opts.is_try_once() {
+        let (sql, params) = sql::bound(Call::Try, false, opts.mode, &key, name);
+        let rows = conn
+            .client
+            .query_typed(&sql, &params.as_typed())
+            .await
+            .map_err(|e| db_err(e, name))?;
+        return first_bool(&rows);
+    }
+    let lock = sql::inline(Call::Wait, false, opts.mode, &key, name);
+    // A multi-statement simple query runs as one implicit transaction, so
+    // the transaction-local setting ends with it: one round trip, and the
+    // session's own lock_timeout is never touched.
+    let batch = match opts.timeout {
+        None => lock,
+        Some(d) => format!(
+            "SELECT set_config('lock_timeout', '{}ms', true); {lock}",
+            sql::lock_timeout_ms(d)
+        ),
+    };
+    match conn.client.simple_query(&batch).await {
+        Ok(_) => Ok(true),
+        Err(e) if is_lock_timeout(&e) => Ok(false),
+        Err(e) => Err(db_err(e, name)),
+    }
+}
+
+/// A transaction-level lock inside a transaction opened on a dedicated connection.
+async fn wait_xact_dedicated(conn: &PgConn, name: &LockName, key: PgKey, opts: &LockOptions) -> Result<bool> {
+    let c = &conn.client;
+    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
+        c.batch_execute("BEGIN").await.map_err(|e| db_err(e, name))?;
+        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, name);
+        let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
+            let rows = c
+                .query_typed(&sql, &params.as_typed())
+                .await
+                .map_err(|e| db_err(e, name))?;
+            Ok(first_bool(&rows)?.then_some(()))
+        })
+        .await?;
+        return Ok(got.is_some());
+    }
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, name);
+    let batch = match opts.timeout {
+        None => format!("BEGIN; {lock}"),
+        Some(d) => format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'; {lock}; SET LOCAL lock_timeout TO DEFAULT",
+            sql::lock_timeout_ms(d)
+        ),
+    };
+    match c.simple_query(&batch).await {
+        Ok(_) => Ok(true),
+        Err(e) if is_lock_timeout(&e) => Ok(false),
+        Err(e) => Err(db_err(e, name)),
+    }
+}
+
+/// Cancels the running statement and closes the session when dropped armed.
+struct Abandon(Option<Arc<PgConn>>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            conn.cancel_and_close();
+        }
+    }
+}
+
+/// A session lock held on the shared lock session.
+struct SessionHeld {
+    conn: Arc<PgConn>,
+    key: PgKey,
+    mode: Mode,
+    name: LockName,
+    /// `None` once the unlock is under way.
+    hold: Option<Hold<PgKey>>,
+}
+
+impl Held for SessionHeld {
+    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+        let hold = self.hold.take();
+        let (conn, key, mode, name) = (self.conn.clone(), self.key, self.mode, self.name.clone());
+        // Spawned: the unlock completes even if the caller stops waiting.
+        let task = self.conn.runtime.spawn(async move {
+            let r = unlock_on(&conn, key, mode, &name).await;
+            drop(hold);
+            r
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+        })
+    }
+
+    fn lost_signal(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        Some(self.conn.lost_signal())
+    }
+}
+
+impl Drop for SessionHeld {
+    fn drop(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            let (conn, key, mode, name) = (self.conn.clone(), self.key, self.mode, self.name.clone());
+            // No runtime here is fine: the handle spawns onto the
+            // connection's own runtime. If that runtime is gone, so is the
+            // connection, and the server has freed the lock.
+            let _ = self.conn.runtime.spawn(async move {
+                let _ = unlock_on(&conn, key, mode, &name).await;
+                drop(hold);
+            });
+        }
+    }
+}
+
+/// A lock on a connection of its own (server-side wait or transaction lock).
+struct DedicatedHeld {
+    /// `None` once released.
+    conn: Option<Arc<PgConn>>,
+    key: PgKey,
+    mode: Mode,
+    name: LockName,
+    xact: bool,
+}
+
+impl Held for DedicatedHeld {
+    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+        let conn = self.conn.take().expect("held until released");
+        let (key, mode, name, xact) = (self.key, self.mode, self.name.clone(), self.xact);
+        let task = conn.runtime.clone().spawn(async move {
+            let r = if xact {
+                match conn.client.batch_execute("COMMIT").await {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(Error::LockLost {
+                        name: name.to_string(),
+                    }),
+                }
+            } else {
+                unlock_on(&conn, key, mode, &name).await
+            };
+            conn.close();
+            r
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+        })
+    }
+
+    fn lost_signal(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.conn.as_ref().map(|c| c.lost_signal())
+    }
+}
+
+impl Drop for DedicatedHeld {
+    fn drop(&mut self) {
+        // Closing the session frees its locks and ends its transaction, with
+        // no round trip and no runtime needed.
+        if let Some(conn) = self.conn.take() {
+            conn.close();
+        }
+    }
+}
+
+/// Takes a transaction-level advisory lock (`pg_advisory_xact_lock*`) inside
+/// a transaction you own; it is released when that transaction ends. Returns
+/// `false` when the wait ended without the lock.
+///
+/// - [`WaitStrategy::Poll`] retries `pg_try_advisory_xact_lock*` with backoff.
+/// - [`WaitStrategy::Server`] waits in the server (deadlock detection
+///   included) inside a savepoint, with `lock_timeout` set for the wait only.
+///   Afterwards — acquired, timed out, or deadlocked — `lock_timeout` reads as
+///   it did before and the transaction is usable: a timeout returns
+///   `Ok(false)`, a deadlock [`Error::Deadlock`].
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), dbmutex::Error> {
+/// use dbmutex::{postgres::lock_xact, LockOptions, Prefix, WaitStrategy};
+/// use std::time::Duration;
+/// let tx = client.transaction().await.map_err(|e| dbmutex::Error::Database(e.into()))?;
+/// let opts = LockOptions::new().timeout(Duration::from_secs(2)).wait_strategy(WaitStrategy::Server);
+/// if lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
+///     // ... work under the lock ...
+/// }
+/// tx.commit().await.map_err(|e| dbmutex::Error::Database(e.into()))?; // releases the lock
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Not cancel-safe: if the future is dropped while the server waits, the
+/// transaction's state is unknown; roll it back.
+pub async fn lock_xact(
+    tx: &tokio_postgres::Transaction<'_>,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<bool> {
+    let name = name.into();
+    name.validate()?;
+    let key = pg_key(&name, prefix);
+    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
+        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, &name);
+        let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
+            let rows = tx
+                .query_typed(&sql, &params.as_typed())
+                .await
+                .map_err(|e| db_err(e, &name))?;
+            Ok(first_bool(&rows)?.then_some(()))
+        })
+        .await?;
+        return Ok(got.is_some());
+    }
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name);
+    let (batch, restore) = match opts.timeout {
+        None => (
+            format!("SAVEPOINT dbmutex_wait; {lock}; RELEASE SAVEPOINT dbmutex_wait"),
+            false,
+        ),
+        Some(d) => (
+            format!(
+                "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
+                 SELECT set_config('lock_timeout', '{}ms', true); {lock}; RELEASE SAVEPOINT dbmutex_wait",
+                sql::lock_timeout_ms(d)
+            ),
+            true,
+        ),
+    };
+    match tx.simple_query(&batch).await {
+        Ok(msgs) => {
+            if restore {
+                // A setting made inside a released savepoint stays in force
+                // until the transaction ends: put the old value back.
+                let old = first_text(&msgs).unwrap_or_default();
+                tx.query_typed(
+                    "SELECT set_config('lock_timeout', $1, true)",
+                    &[(&old, Type::TEXT)],
+                )
+                .await
+                .map_err(|e| db_err(e, &name))?;
+            }
+            Ok(true)
+        }
+        Err(e) => {
+            // Back to the savepoint: the transaction, its settings and its
+            // other locks are as they were before the wait.
+            tx.batch_execute("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")
+                .await
+                .map_err(|e2| db_err(e2, &name))?;
+            if is_lock_timeout(&e) {
+                Ok(false)
+            } else {
+                Err(db_err(e, &name))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_comments() {
+        let p = Prefix::none();
+        let k = pg_key(&"job".into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT pg_try_advisory_lock($1, $2) /* job */", &k, &p).as_deref(),
+            Some("job")
+        );
+        assert_eq!(name_from_comments("SELECT 1 /* other */", &k, &p), None);
+        let k7 = pg_key(&7i64.into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT x /* a */ /* 7 */", &k7, &p).as_deref(),
+            Some("7")
+        );
+        assert_eq!(name_from_comments("/* unterminated", &k, &p), None);
+    }
+}

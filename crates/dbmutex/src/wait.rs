@@ -1,0 +1,121 @@
+//! Client-side waiting: retry with jittered, growing backoff until a deadline.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::Result;
+
+/// The first sleep between two attempts.
+const FIRST_BACKOFF: Duration = Duration::from_millis(2);
+
+/// The absolute deadline for a wait bound (`None`: wait forever).
+pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|d| Instant::now() + d)
+}
+
+/// A sleep of `base`, scaled by a random factor in [0.5, 1.0) so waiters that
+/// started together do not retry together.
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(0.5 + fastrand::f64() * 0.5)
+}
+
+/// Calls `attempt` until it yields `Some`, the deadline passes, or it fails.
+///
+/// Between attempts it sleeps with doubling, jittered backoff capped at
+/// `max_backoff`, waking early when `wake` is notified. A last attempt is
+/// made at the deadline.
+///
+/// Cancel safety: as cancel-safe as `attempt` is; nothing else is held.
+pub(crate) async fn poll_until<T, F, Fut>(
+    deadline: Option<Instant>,
+    max_backoff: Duration,
+    wake: Option<&Notify>,
+    mut attempt: F,
+) -> Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    let mut backoff = FIRST_BACKOFF.min(max_backoff);
+    loop {
+        let notified = wake.map(|w| Box::pin(w.notified()));
+        let mut notified = notified;
+        if let Some(n) = notified.as_mut() {
+            n.as_mut().enable();
+        }
+        if let Some(v) = attempt().await? {
+            return Ok(Some(v));
+        }
+        let now = Instant::now();
+        let mut until = now + jittered(backoff);
+        if let Some(d) = deadline {
+            if now >= d {
+                return Ok(None);
+            }
+            until = until.min(d);
+        }
+        match notified {
+            Some(n) => {
+                let _ = tokio::time::timeout_at(until, n).await;
+            }
+            None => tokio::time::sleep_until(until).await,
+        }
+        backoff = (backoff * 2).min(max_backoff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_after_a_last_attempt_at_the_deadline() {
+        let start = Instant::now();
+        let mut attempts = 0;
+        let mut last = start;
+        let r: Option<()> = poll_until(
+            deadline(Some(Duration::from_millis(300))),
+            Duration::from_millis(100),
+            None,
+            || {
+                attempts += 1;
+                last = Instant::now();
+                async { Ok(None) }
+            },
+        )
+        .await
+        .unwrap();
+        assert!(r.is_none());
+        assert!(attempts >= 4, "attempts: {attempts}");
+        assert_eq!(
+            last - start,
+            Duration::from_millis(300),
+            "last attempt at the deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wakes_early_when_notified() {
+        let wake = std::sync::Arc::new(Notify::new());
+        let w2 = wake.clone();
+        let mut n = 0;
+        let start = Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            w2.notify_waiters();
+        });
+        let r = poll_until(None, Duration::from_secs(60), Some(&wake), || {
+            n += 1;
+            let done = Instant::now() - start >= Duration::from_millis(1000);
+            async move { Ok(done.then_some(())) }
+        })
+        .await
+        .unwrap();
+        assert!(r.is_some());
+        // Backoff alone (2, 4, 8, ... ms jittered) would not land at exactly 1 s.
+        assert!(Instant::now() - start < Duration::from_millis(1100));
+    }
+}
