@@ -61,11 +61,31 @@ impl<K: Hash + Eq + Clone> Default for Arbiter<K> {
     }
 }
 
-/// An in-process hold on a key; released (and waiters woken) on drop.
-pub(crate) struct Hold<K: Hash + Eq + Clone> {
+/// A reference to a key's slot that removes the table entry, when it is the
+/// last user, on drop (also when a waiting future is cancelled).
+struct SlotRef<K: Hash + Eq + Clone> {
     arbiter: Arc<Arbiter<K>>,
     key: K,
     slot: Arc<Slot>,
+}
+
+impl<K: Hash + Eq + Clone> Drop for SlotRef<K> {
+    fn drop(&mut self) {
+        let mut slots = self.arbiter.slots.lock().unwrap_or_else(|e| e.into_inner());
+        // Two references: the table's and ours.
+        if Arc::strong_count(&self.slot) == 2 {
+            let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !st.exclusive && st.shared == 0 {
+                drop(st);
+                slots.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// An in-process hold on a key; released (and waiters woken) on drop.
+pub(crate) struct Hold<K: Hash + Eq + Clone> {
+    slot: SlotRef<K>,
     mode: Mode,
 }
 
@@ -92,7 +112,11 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
         mode: Mode,
         deadline: Option<Instant>,
     ) -> Option<Hold<K>> {
-        let slot = self.slot(key);
+        let slot = SlotRef {
+            arbiter: self.clone(),
+            key: key.clone(),
+            slot: self.slot(key),
+        };
         let try_take = |slot: &Slot| {
             slot.state
                 .lock()
@@ -100,11 +124,11 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
                 .try_take(mode)
         };
         let took = loop {
-            let notified = slot.local.notified();
+            let notified = slot.slot.local.notified();
             tokio::pin!(notified);
             // Register before checking, so a release in between is not missed.
             notified.as_mut().enable();
-            if try_take(&slot) {
+            if try_take(&slot.slot) {
                 break true;
             }
             match deadline {
@@ -112,34 +136,17 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
                 Some(d) => {
                     if Instant::now() >= d || tokio::time::timeout_at(d, notified).await.is_err() {
                         // One last look at the deadline, then give up.
-                        break try_take(&slot);
+                        break try_take(&slot.slot);
                     }
                 }
             }
         };
+        // Not `then_some`: building a Hold we do not own would give back
+        // someone else's hold when it drops.
         if took {
-            Some(Hold {
-                arbiter: self.clone(),
-                key: key.clone(),
-                slot,
-                mode,
-            })
+            Some(Hold { slot, mode })
         } else {
-            self.forget_if_unused(key, slot);
             None
-        }
-    }
-
-    /// Drops the table entry when nobody else refers to it.
-    fn forget_if_unused(&self, key: &K, slot: Arc<Slot>) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        // Two references: the table's and ours.
-        if Arc::strong_count(&slot) == 2 {
-            let st = slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.exclusive && st.shared == 0 {
-                drop(st);
-                slots.remove(key);
-            }
         }
     }
 
@@ -153,19 +160,19 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
 impl<K: Hash + Eq + Clone> Hold<K> {
     /// The key's slot (its wake-ups).
     pub(crate) fn slot(&self) -> &Arc<Slot> {
-        &self.slot
+        &self.slot.slot
     }
 }
 
 impl<K: Hash + Eq + Clone> Drop for Hold<K> {
     fn drop(&mut self) {
-        self.slot
-            .state
+        let slot = &self.slot.slot;
+        slot.state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .give_back(self.mode);
-        self.slot.local.notify_waiters();
-        self.arbiter.forget_if_unused(&self.key, self.slot.clone());
+        slot.local.notify_waiters();
+        // Then `self.slot` drops, removing the entry if nobody else uses it.
     }
 }
 

@@ -33,7 +33,8 @@
 //! environment variable, as the gem does), unchanged when it has at most 64
 //! characters and 192 bytes — the limits of MySQL 8 and MariaDB respectively.
 //! A longer string maps deterministically to exactly 64 characters: its first
-//! 47 characters, `#`, and the first 16 hex digits of the SHA-256 of the whole
+//! 47 characters (fewer if those pass 175 bytes), `#`, and the first 16 hex
+//! digits of the SHA-256 of the whole
 //! string (see [`mysql_lock_string`]). Integer names use their decimal form.
 //! Names are compared case-sensitively by MariaDB and case-insensitively by
 //! MySQL 8: on MySQL 8, `Report` and `report` are one lock.
@@ -308,7 +309,8 @@ fn text_of(name: &LockName) -> Result<String, Error> {
 /// The MySQL/MariaDB `GET_LOCK` string for `name` under `prefix`.
 ///
 /// `prefix + name` when it has at most 64 characters and 192 bytes; else the
-/// first 47 characters, `#`, and 16 hex digits of SHA-256(prefix + name).
+/// first 47 characters (fewer when they would exceed 175 bytes), `#`, and
+/// 16 hex digits of SHA-256(prefix + name).
 ///
 /// ```
 /// use dbmutex::key::{mysql_lock_string, LockName, Prefix};
@@ -323,7 +325,15 @@ pub fn mysql_lock_string(name: &LockName, prefix: &Prefix) -> Result<String, Err
     if full.chars().count() <= MYSQL_MAX_CHARS && full.len() <= MYSQL_MAX_BYTES {
         return Ok(full);
     }
-    let head: String = full.chars().take(47).collect();
+    // 47 characters, fewer if they would pass 175 bytes: with '#' and 16
+    // hex digits the result fits both 64 characters and 192 bytes.
+    let mut head = String::new();
+    for c in full.chars().take(47) {
+        if head.len() + c.len_utf8() > MYSQL_MAX_BYTES - 17 {
+            break;
+        }
+        head.push(c);
+    }
     Ok(format!("{head}#{}", sha256_hex(full.as_bytes(), 16)))
 }
 
@@ -450,7 +460,7 @@ mod tests {
         // Fixed vector, so the mapping can never change silently.
         assert_eq!(
             mysql_lock_string(&"a".repeat(70).as_str().into(), &Prefix::none()).unwrap(),
-            format!("{}#{}", "a".repeat(47), "6836d2d3f0d6b2f1")
+            format!("{}#{}", "a".repeat(47), "6bd5e5034855a112")
         );
     }
 

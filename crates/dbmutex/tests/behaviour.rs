@@ -1,0 +1,581 @@
+//! Behaviour every backend shares, one source for all of them: each test
+//! below runs once per backend (see `for_each_backend!` at the end), against
+//! the real servers. Options a backend lacks assert its `Unsupported` error.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{eventually, free_for, unique, Backend, CancelAfter};
+use dbmutex::{current_locks, Error, LockOptions, Mode, Outcome, WaitStrategy};
+
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// Both wait strategies, to run a test body under each.
+const STRATEGIES: [WaitStrategy; 2] = [WaitStrategy::Poll, WaitStrategy::Server];
+
+async fn exclusive_excludes_another_session(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("excl");
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(g.is_held());
+    assert!(
+        other.try_lock(name.as_str()).await.unwrap().is_none(),
+        "second session refused"
+    );
+    g.release().await.unwrap();
+    assert!(free_for(&other, &name).await, "free after release");
+}
+
+async fn tasks_of_one_locker_exclude_each_other(b: Backend) {
+    let l = b.locker().await;
+    let name = unique("inproc");
+    let g = l.lock(name.as_str()).await.unwrap();
+    let l2 = l.clone();
+    let n2 = name.clone();
+    let other_task = tokio::spawn(async move { l2.try_lock(n2.as_str()).await.unwrap().is_none() });
+    assert!(
+        other_task.await.unwrap(),
+        "another task of the same locker is refused"
+    );
+    // A refused attempt must not disturb the holder's claim.
+    for _ in 0..3 {
+        assert!(
+            l.try_lock(name.as_str()).await.unwrap().is_none(),
+            "still refused"
+        );
+        let bounded = LockOptions::new().timeout(Duration::from_millis(20));
+        assert!(
+            l.acquire(name.as_str(), &bounded).await.unwrap().is_none(),
+            "still refused"
+        );
+    }
+    drop(g);
+    assert!(eventually(SETTLE, || free_for(&l, &name)).await);
+}
+
+async fn bounded_wait_times_out(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("timeout");
+    let _g = a.lock(name.as_str()).await.unwrap();
+    for strategy in STRATEGIES {
+        let opts = LockOptions::new()
+            .timeout(Duration::from_millis(300))
+            .wait_strategy(strategy);
+        let start = Instant::now();
+        let got = other.acquire(name.as_str(), &opts).await.unwrap();
+        let waited = start.elapsed();
+        assert!(got.is_none(), "{strategy:?}: must not acquire a held lock");
+        assert!(
+            waited >= Duration::from_millis(300),
+            "{strategy:?}: gave up early after {waited:?}"
+        );
+        assert!(
+            waited < Duration::from_millis(1500),
+            "{strategy:?}: overran the bound: {waited:?}"
+        );
+    }
+}
+
+async fn try_once_does_not_wait(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("tryonce");
+    let _g = a.lock(name.as_str()).await.unwrap();
+    for strategy in STRATEGIES {
+        let start = Instant::now();
+        let opts = LockOptions::try_once().wait_strategy(strategy);
+        assert!(other.acquire(name.as_str(), &opts).await.unwrap().is_none());
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{strategy:?}: {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+async fn waiter_gets_the_lock_after_release(b: Backend) {
+    for strategy in STRATEGIES {
+        let (a, other) = (b.locker().await, b.locker().await);
+        let name = unique("handoff");
+        let g = a.lock(name.as_str()).await.unwrap();
+        let n2 = name.clone();
+        let waiter = tokio::spawn(async move {
+            let opts = LockOptions::new().wait_strategy(strategy);
+            let g = other
+                .acquire(n2.as_str(), &opts)
+                .await
+                .unwrap()
+                .expect("waits forever");
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{strategy:?}: waiter must wait while the lock is held"
+        );
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let acquired = waiter.await.unwrap();
+        let handoff = acquired - released;
+        // Polling backs off to at most 100 ms; a server-side wait is immediate.
+        assert!(
+            handoff < Duration::from_millis(1000),
+            "{strategy:?}: hand-off took {handoff:?}"
+        );
+    }
+}
+
+async fn shared_and_exclusive(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("shared");
+    let shared = LockOptions::try_once().shared(true);
+    if !b.supports_shared() {
+        let err = a.acquire(name.as_str(), &shared).await.unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+        return;
+    }
+    let s1 = a
+        .acquire(name.as_str(), &shared)
+        .await
+        .unwrap()
+        .expect("first shared");
+    let s2 = other
+        .acquire(name.as_str(), &shared)
+        .await
+        .unwrap()
+        .expect("second shared, other session");
+    let s3 = a
+        .acquire(name.as_str(), &shared)
+        .await
+        .unwrap()
+        .expect("third shared, same session");
+    assert_eq!(s1.mode(), Mode::Shared);
+    assert!(
+        other.try_lock(name.as_str()).await.unwrap().is_none(),
+        "exclusive refused"
+    );
+    assert!(
+        a.try_lock(name.as_str()).await.unwrap().is_none(),
+        "exclusive refused in-process"
+    );
+    s1.release().await.unwrap();
+    s2.release().await.unwrap();
+    assert!(
+        other.try_lock(name.as_str()).await.unwrap().is_none(),
+        "one shared holder remains"
+    );
+    s3.release().await.unwrap();
+    let x = other
+        .try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("exclusive once all shared are gone");
+    assert!(
+        a.acquire(name.as_str(), &shared).await.unwrap().is_none(),
+        "shared refused under exclusive"
+    );
+    x.release().await.unwrap();
+}
+
+async fn transaction_locks(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("xact");
+    let opts = LockOptions::try_once().transaction(true);
+    if !b.supports_transaction() {
+        let err = a.acquire(name.as_str(), &opts).await.unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+        return;
+    }
+    for strategy in STRATEGIES {
+        let g = a
+            .acquire(name.as_str(), &opts.clone().wait_strategy(strategy))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
+        let waited = LockOptions::new()
+            .timeout(Duration::from_millis(200))
+            .transaction(true)
+            .wait_strategy(strategy);
+        assert!(other.acquire(name.as_str(), &waited).await.unwrap().is_none());
+        g.release().await.unwrap();
+        assert!(free_for(&other, &name).await);
+    }
+}
+
+async fn scoped_call_returns_value_or_not_acquired(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("scoped");
+    let out = a
+        .with_lock(name.as_str(), &LockOptions::try_once(), || async { 41 + 1 })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Acquired(42));
+    // A closure's own error is a value, distinct from "not acquired".
+    let out: Outcome<Result<(), &str>> = a
+        .with_lock(name.as_str(), &LockOptions::try_once(), || async { Err("boom") })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::Acquired(Err("boom")));
+    assert!(free_for(&other, &name).await, "released after an error value");
+
+    let g = other.lock(name.as_str()).await.unwrap();
+    let ran = AtomicBool::new(false);
+    let out = a
+        .with_lock(name.as_str(), &LockOptions::try_once(), || async {
+            ran.store(true, Ordering::SeqCst)
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Outcome::NotAcquired);
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the closure must not run without the lock"
+    );
+    let err = a
+        .with_lock_or_err(name.as_str(), &LockOptions::try_once(), || async {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotAcquired { .. }), "{err:?}");
+    g.release().await.unwrap();
+}
+
+async fn nested_scoped_calls_are_reentrant(b: Backend) {
+    let a = b.locker().await;
+    let (outer, inner) = (unique("outer"), unique("inner"));
+    let opts = LockOptions::try_once();
+    let got = a
+        .with_lock(outer.as_str(), &opts, || async {
+            let names = || {
+                current_locks()
+                    .iter()
+                    .map(|h| h.name.to_string())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(names(), vec![outer.clone()]);
+            // Same name and mode in the same task: runs at once.
+            let again = a.with_lock(outer.as_str(), &opts, || async { 1 }).await.unwrap();
+            assert_eq!(again, Outcome::Acquired(1));
+            let deeper = a
+                .with_lock(inner.as_str(), &opts, || async { names() })
+                .await
+                .unwrap()
+                .acquired()
+                .unwrap();
+            assert_eq!(deeper, vec![outer.clone(), inner.clone()], "outermost first");
+            // Another task does not inherit this task's locks.
+            let a2 = a.clone();
+            let o2 = outer.clone();
+            let other_task = tokio::spawn(async move {
+                a2.with_lock(o2.as_str(), &LockOptions::try_once(), || async {})
+                    .await
+                    .unwrap()
+                    .was_acquired()
+            });
+            assert!(!other_task.await.unwrap(), "not re-entrant across tasks");
+            names()
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.acquired().unwrap(), vec![outer.clone()]);
+    assert!(current_locks().is_empty());
+}
+
+async fn panic_in_scoped_call_releases(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("panic");
+    let n2 = name.clone();
+    let joined = tokio::spawn(async move {
+        a.with_lock(n2.as_str(), &LockOptions::new(), || async {
+            panic!("worker failed")
+        })
+        .await
+    })
+    .await;
+    assert!(joined.unwrap_err().is_panic(), "the panic propagates");
+    assert!(
+        eventually(SETTLE, || free_for(&other, &name)).await,
+        "released after the panic"
+    );
+}
+
+async fn dropped_guard_releases(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("drop");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let t = Instant::now();
+    drop(g);
+    assert!(
+        t.elapsed() < Duration::from_millis(20),
+        "drop must not block: {:?}",
+        t.elapsed()
+    );
+    assert!(eventually(SETTLE, || free_for(&other, &name)).await);
+    assert_eq!(a.held_count(), 0);
+}
+
+async fn guard_dropped_with_no_runtime_releases(b: Backend) {
+    let name = unique("noruntime");
+    let url_backend = b;
+    let n2 = name.clone();
+    // A runtime of its own, gone before the guard is dropped.
+    let guard = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let g = rt.block_on(async {
+            let l = url_backend.locker().await;
+            l.lock(n2.as_str()).await.unwrap()
+        });
+        drop(rt);
+        g
+    })
+    .join()
+    .unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    let other = b.locker().await;
+    assert!(
+        eventually(SETTLE, || free_for(&other, &name)).await,
+        "freed once the runtime and guard are gone"
+    );
+}
+
+async fn cancelled_acquire_leaves_nothing_held(b: Backend) {
+    let other = b.locker().await;
+    for strategy in STRATEGIES {
+        let opts = LockOptions::new().wait_strategy(strategy);
+        // Uncontended: cancel at each await point until one run completes.
+        let a = b.locker().await;
+        let name = unique("cancel-free");
+        let mut n = 0;
+        loop {
+            let out = CancelAfter::new(a.acquire(name.as_str(), &opts), n).await;
+            if let Some(g) = out {
+                g.unwrap().expect("uncontended").release().await.unwrap();
+                break;
+            }
+            assert!(
+                eventually(SETTLE, || free_for(&other, &name)).await,
+                "{strategy:?}: held after a cancellation at await point {n}"
+            );
+            n += 1;
+            assert!(n < 200, "{strategy:?}: the acquire never completed");
+        }
+        assert!(
+            n > 0,
+            "{strategy:?}: the acquire never suspended, so nothing was cancelled"
+        );
+        // The locker is clean and usable afterwards.
+        let g = a
+            .try_lock(name.as_str())
+            .await
+            .unwrap()
+            .expect("usable after cancellations");
+        g.release().await.unwrap();
+        assert_eq!(a.held_count(), 0);
+
+        // Contended: cancel a waiter at each of its first await points; when
+        // the holder lets go, the cancelled waiters must not end up holding.
+        let name = unique("cancel-busy");
+        let holder = b.locker().await;
+        let g = holder.lock(name.as_str()).await.unwrap();
+        for n in 0..8 {
+            let fut = a.acquire(name.as_str(), &opts);
+            let timed = tokio::time::timeout(Duration::from_millis(30), CancelAfter::new(fut, n)).await;
+            assert!(
+                !matches!(timed, Ok(Some(Ok(Some(_))))),
+                "{strategy:?}: acquired a held lock"
+            );
+        }
+        g.release().await.unwrap();
+        assert!(
+            eventually(SETTLE, || free_for(&other, &name)).await,
+            "{strategy:?}: a cancelled waiter took the lock"
+        );
+        assert_eq!(a.held_count(), 0);
+    }
+}
+
+async fn lost_connection_is_reported(b: Backend) {
+    if !b.can_lose() {
+        return;
+    }
+    for strategy in STRATEGIES {
+        let a = b.locker().await;
+        let name = unique("lost");
+        let g = a
+            .acquire(name.as_str(), &LockOptions::new().wait_strategy(strategy))
+            .await
+            .unwrap()
+            .unwrap();
+        let holders = a.holders(name.as_str()).await.unwrap();
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        let lost = g.lost();
+        b.kill_session(holders[0].pid).await;
+        tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .unwrap_or_else(|_| panic!("{strategy:?}: loss not reported within 5 s"));
+        assert!(!g.is_held());
+        assert!(
+            g.release().await.is_err(),
+            "{strategy:?}: releasing a lost lock reports it"
+        );
+        // New requests work, on a new connection; nothing was re-acquired.
+        let other = b.locker().await;
+        assert!(
+            free_for(&other, &name).await,
+            "{strategy:?}: the server freed the lock"
+        );
+        let again = a.lock(name.as_str()).await.unwrap();
+        again.release().await.unwrap();
+    }
+}
+
+async fn scoped_call_stops_when_lock_is_lost(b: Backend) {
+    if !b.can_lose() {
+        return;
+    }
+    let a = b.locker().await;
+    let name = unique("lost-scoped");
+    let a2 = a.clone();
+    let n2 = name.clone();
+    let progressed = Arc::new(AtomicUsize::new(0));
+    let p2 = progressed.clone();
+    let work = tokio::spawn(async move {
+        a2.with_lock(n2.as_str(), &LockOptions::new(), || async move {
+            loop {
+                p2.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+    });
+    assert!(eventually(SETTLE, || async { progressed.load(Ordering::SeqCst) > 0 }).await);
+    let holders = a.holders(name.as_str()).await.unwrap();
+    b.kill_session(holders[0].pid).await;
+    let r: Result<Outcome<()>, Error> = tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .expect("the scoped call must stop")
+        .unwrap();
+    assert!(matches!(r, Err(Error::LockLost { .. })), "{r:?}");
+}
+
+async fn two_sessions_never_overlap(b: Backend) {
+    // A few thousand contended acquisitions, counted: never two holders.
+    const PER_TASK: usize = 600;
+    let name = unique("stress");
+    let occupied = Arc::new(AtomicBool::new(false));
+    let sections = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _session in 0..2 {
+        let l = b.locker().await;
+        for task in 0..2 {
+            let (l, name, occupied, sections) = (l.clone(), name.clone(), occupied.clone(), sections.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..PER_TASK {
+                    let strategy = if (i + task) % 7 == 0 {
+                        WaitStrategy::Server
+                    } else {
+                        WaitStrategy::Poll
+                    };
+                    let opts = LockOptions::new()
+                        .wait_strategy(strategy)
+                        .max_backoff(Duration::from_millis(2));
+                    let g = l.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+                    assert!(!occupied.swap(true, Ordering::SeqCst), "two holders at once");
+                    tokio::task::yield_now().await;
+                    sections.fetch_add(1, Ordering::SeqCst);
+                    occupied.store(false, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(sections.load(Ordering::SeqCst), 4 * PER_TASK);
+}
+
+async fn introspection(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("intro");
+    assert!(!other.is_locked(name.as_str()).await.unwrap());
+    assert!(other.holders(name.as_str()).await.unwrap().is_empty());
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(other.is_locked(name.as_str()).await.unwrap());
+    let holders = other.holders(name.as_str()).await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0].mode, Mode::Exclusive);
+    g.release().await.unwrap();
+    assert!(!other.is_locked(name.as_str()).await.unwrap());
+}
+
+async fn bad_names_are_typed_errors(b: Backend) {
+    let a = b.locker().await;
+    for bad in [
+        "".to_string(),
+        "a\0b".to_string(),
+        "x".repeat(dbmutex::key::MAX_NAME_BYTES + 1),
+    ] {
+        let err = a.try_lock(bad.as_str()).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidName(_)), "{err:?}");
+    }
+    // Odd but valid names work and stay distinct.
+    for odd in [
+        "it's \"quoted\"",
+        "a */ b /* c",
+        "日本語のロック",
+        &"long".repeat(75),
+        "'; DROP TABLE x; --",
+    ] {
+        let g = a
+            .try_lock(odd)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{odd:?} is free"));
+        assert_eq!(g.name().to_string(), odd);
+        g.release().await.unwrap();
+    }
+}
+
+async fn cap_on_held_locks(b: Backend) {
+    let a = b.connect(b.builder().max_locks(2)).await;
+    let g1 = a.lock(unique("cap").as_str()).await.unwrap();
+    let g2 = a.lock(unique("cap").as_str()).await.unwrap();
+    let err = a.lock(unique("cap").as_str()).await.unwrap_err();
+    assert!(matches!(err, Error::TooManyLocks { limit: 2 }), "{err:?}");
+    drop(g1);
+    let g3 = a
+        .lock(unique("cap").as_str())
+        .await
+        .expect("room again after a release");
+    drop((g2, g3));
+}
+
+for_each_backend!(
+    exclusive_excludes_another_session,
+    tasks_of_one_locker_exclude_each_other,
+    bounded_wait_times_out,
+    try_once_does_not_wait,
+    waiter_gets_the_lock_after_release,
+    shared_and_exclusive,
+    transaction_locks,
+    scoped_call_returns_value_or_not_acquired,
+    nested_scoped_calls_are_reentrant,
+    panic_in_scoped_call_releases,
+    dropped_guard_releases,
+    guard_dropped_with_no_runtime_releases,
+    cancelled_acquire_leaves_nothing_held,
+    lost_connection_is_reported,
+    scoped_call_stops_when_lock_is_lost,
+    two_sessions_never_overlap,
+    introspection,
+    bad_names_are_typed_errors,
+    cap_on_held_locks,
+);

@@ -1,0 +1,253 @@
+//! Shared test support: the backends under test, unique lock names, and
+//! helpers that talk to the servers directly (raw SQL, killing sessions).
+//!
+//! A test that needs a database and cannot reach it panics with the URL and
+//! the error: a run that tested nothing must not look green.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use dbmutex::{Locker, LockerBuilder};
+
+/// The PostgreSQL URL the tests use (env `DBMUTEX_TEST_PG_URL`).
+pub fn pg_url() -> String {
+    std::env::var("DBMUTEX_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// The MySQL/MariaDB URL the tests use (env `DBMUTEX_TEST_MYSQL_URL`).
+pub fn mysql_url() -> String {
+    std::env::var("DBMUTEX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A backend under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Mysql,
+    Local,
+}
+
+/// One lock directory per test process, shared by all lockers of a test so
+/// that they contend.
+fn local_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("dbmutex-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("create the test lock directory");
+        d
+    })
+    .clone()
+}
+
+impl Backend {
+    /// The URL a locker for this backend connects to.
+    pub fn url(self) -> String {
+        match self {
+            Backend::Postgres => pg_url(),
+            Backend::Mysql => mysql_url(),
+            Backend::Local => format!("file://{}", local_dir().display()),
+        }
+    }
+
+    /// A builder for this backend.
+    pub fn builder(self) -> LockerBuilder {
+        Locker::builder(&self.url())
+    }
+
+    /// A new locker: its own server session(s), so two lockers contend like
+    /// two processes. Panics loudly when the server cannot be reached.
+    pub async fn locker(self) -> Locker {
+        self.connect(self.builder()).await
+    }
+
+    /// Connects `builder`, panicking loudly on failure.
+    pub async fn connect(self, builder: LockerBuilder) -> Locker {
+        match builder.connect().await {
+            Ok(l) => l,
+            Err(e) => panic!(
+                "cannot reach the {self:?} test server at {}: {e} (start it, or set the URL variable)",
+                dbmutex::redact_url(&self.url())
+            ),
+        }
+    }
+
+    /// Shared locks exist on this backend.
+    pub fn supports_shared(self) -> bool {
+        self != Backend::Mysql
+    }
+
+    /// Transaction-level locks exist on this backend.
+    pub fn supports_transaction(self) -> bool {
+        self == Backend::Postgres
+    }
+
+    /// A lock can be lost (its server connection can die).
+    pub fn can_lose(self) -> bool {
+        self != Backend::Local
+    }
+
+    /// Ends the server session with this id, as an operator would
+    /// (`pg_terminate_backend`, `KILL`).
+    pub async fn kill_session(self, pid: i64) {
+        match self {
+            Backend::Postgres => {
+                let c = pg_raw().await;
+                let pid = i32::try_from(pid).expect("PostgreSQL pids fit in int4");
+                let row = c
+                    .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+                    .await
+                    .unwrap();
+                assert!(
+                    row.get::<_, bool>(0),
+                    "pg_terminate_backend({pid}) found no such backend"
+                );
+            }
+            Backend::Mysql => {
+                use mysql_async::prelude::Queryable;
+                let mut c = mysql_raw().await;
+                c.query_drop(format!("KILL {pid}")).await.unwrap();
+            }
+            Backend::Local => panic!("the local backend has no sessions to kill"),
+        }
+    }
+}
+
+/// A raw tokio-postgres connection to the test database (no dbmutex logic).
+pub async fn pg_raw() -> tokio_postgres::Client {
+    let url = pg_url();
+    let (client, conn) = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "cannot reach the PostgreSQL test server at {}: {e}",
+            dbmutex::redact_url(&url)
+        ),
+    };
+    tokio::spawn(conn);
+    client
+}
+
+/// A raw mysql_async connection to the test database.
+pub async fn mysql_raw() -> mysql_async::Conn {
+    let url = mysql_url().replacen("mariadb://", "mysql://", 1);
+    let opts = mysql_async::Opts::from_url(&url).expect("test MySQL URL");
+    match mysql_async::Conn::new(opts).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "cannot reach the MySQL test server at {}: {e}",
+            dbmutex::redact_url(&url)
+        ),
+    }
+}
+
+/// A lock name no other test (or earlier run) uses.
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "t-{tag}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Retries `check` for up to `within` until it returns true. For effects
+/// that happen in the background (an unlock queued by a drop).
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Whether another locker can take `name` now (and releases it again).
+pub async fn free_for(other: &Locker, name: &str) -> bool {
+    match other.try_lock(name).await.expect("probe try_lock") {
+        Some(g) => {
+            g.release().await.expect("probe release");
+            true
+        }
+        None => false,
+    }
+}
+
+/// Polls `fut` until it has suspended `n` times, then drops it: a
+/// cancellation at its n-th await point that really waited. Returns the
+/// output if the future finished first.
+pub struct CancelAfter<F> {
+    fut: Pin<Box<F>>,
+    pendings_left: usize,
+}
+
+impl<F: Future> CancelAfter<F> {
+    pub fn new(fut: F, n: usize) -> Self {
+        CancelAfter {
+            fut: Box::pin(fut),
+            pendings_left: n,
+        }
+    }
+}
+
+impl<F: Future> Future for CancelAfter<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Poll::Ready(Some(v)),
+            Poll::Pending if self.pendings_left == 0 => Poll::Ready(None),
+            Poll::Pending => {
+                self.pendings_left -= 1;
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Stamps out one `#[tokio::test]` per backend for each listed test
+/// function `async fn name(b: Backend)`.
+#[macro_export]
+macro_rules! for_each_backend {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test($crate::common::Backend::Mysql).await
+                }
+            )*
+        }
+        mod local {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test($crate::common::Backend::Local).await
+                }
+            )*
+        }
+    };
+}
