@@ -77,11 +77,41 @@ fn first_text(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
     })
 }
 
+/// A connection made on first use and replaced when lost.
+#[derive(Default)]
+struct LazyConn {
+    conn: Mutex<Option<Arc<PgConn>>>,
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl LazyConn {
+    /// The live connection, connecting a new one if there is none.
+    async fn get(&self, connector: &Connector, settings: &Settings) -> Result<Arc<PgConn>> {
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let _gate = self.gate.lock().await;
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let conn = connector.connect(settings, None).await?;
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn live(&self) -> Option<Arc<PgConn>> {
+        let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        c.as_ref().filter(|c| !c.is_lost()).cloned()
+    }
+}
+
 pub(crate) struct PgBackend {
     connector: Connector,
-    /// The lock session shared by polling session locks; replaced when lost.
-    session: Mutex<Option<Arc<PgConn>>>,
-    connect_gate: tokio::sync::Mutex<()>,
+    /// The lock session shared by polling session locks.
+    session: LazyConn,
+    /// Introspection runs elsewhere, so `pg_stat_activity` keeps showing the
+    /// lock session's last lock statement (with its name comment).
+    probe: LazyConn,
     arbiter: Arc<Arbiter<PgKey>>,
 }
 
@@ -89,8 +119,8 @@ impl PgBackend {
     pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
         let backend = PgBackend {
             connector: Connector::from_url(url, settings)?,
-            session: Mutex::new(None),
-            connect_gate: tokio::sync::Mutex::new(()),
+            session: LazyConn::default(),
+            probe: LazyConn::default(),
             arbiter: Arc::default(),
         };
         // Connect now, so a bad URL, server or password fails here.
@@ -98,27 +128,12 @@ impl PgBackend {
         Ok(backend)
     }
 
+    async fn session(&self, settings: &Settings) -> Result<Arc<PgConn>> {
+        self.session.get(&self.connector, settings).await
+    }
+
     pub(crate) fn kind(&self) -> BackendKind {
         BackendKind::Postgres
-    }
-
-    /// The live lock session, connecting a new one if there is none.
-    async fn session(&self, settings: &Settings) -> Result<Arc<PgConn>> {
-        if let Some(c) = self.live_session() {
-            return Ok(c);
-        }
-        let _gate = self.connect_gate.lock().await;
-        if let Some(c) = self.live_session() {
-            return Ok(c);
-        }
-        let conn = self.connector.connect(settings, None).await?;
-        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
-        Ok(conn)
-    }
-
-    fn live_session(&self) -> Option<Arc<PgConn>> {
-        let s = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        s.as_ref().filter(|c| !c.is_lost()).cloned()
     }
 
     pub(crate) async fn acquire(
@@ -197,7 +212,7 @@ impl PgBackend {
     pub(crate) async fn holders(&self, name: &LockName, settings: &Settings) -> Result<Vec<Holder>> {
         let key = pg_key(name, &settings.prefix);
         let (classid, objid, objsubid) = key.pg_locks_ids();
-        let conn = self.session(settings).await?;
+        let conn = self.probe.get(&self.connector, settings).await?;
         let sql =
             format!("{LOCKS_QUERY} AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3 ORDER BY l.pid");
         let rows = conn
@@ -216,7 +231,7 @@ impl PgBackend {
     }
 
     pub(crate) async fn list(&self, settings: &Settings) -> Result<Vec<ListedLock>> {
-        let conn = self.session(settings).await?;
+        let conn = self.probe.get(&self.connector, settings).await?;
         let rows = conn
             .client
             .query_typed(&format!("{LOCKS_QUERY} ORDER BY l.pid, l.classid, l.objid"), &[])

@@ -1,0 +1,415 @@
+//! PostgreSQL-only behaviour: transactions the caller owns, server-side
+//! waits and their settings, deadlocks, TLS, gem interop, introspection.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Barrier;
+
+use common::{pg_raw, pg_url, unique, Backend};
+use dbmutex::key::{pg_key, PgKey, Prefix};
+use dbmutex::postgres::lock_xact;
+use dbmutex::{Error, LockName, LockOptions, Locker, Mode, WaitStrategy};
+
+fn server_wait(timeout: Option<Duration>) -> LockOptions {
+    LockOptions::new()
+        .timeout_opt(timeout)
+        .wait_strategy(WaitStrategy::Server)
+}
+
+async fn show_lock_timeout(tx: &tokio_postgres::Transaction<'_>) -> String {
+    tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0)
+}
+
+/// A server-side wait in the caller's transaction leaves `lock_timeout` as
+/// it was and the transaction usable, after a success and after a timeout.
+#[tokio::test]
+async fn caller_transaction_settings_survive_success_and_timeout() {
+    let name = unique("xa");
+    let mut c1 = pg_raw().await;
+    let mut c2 = pg_raw().await;
+    let p = Prefix::none();
+
+    let tx1 = c1.transaction().await.unwrap();
+    tx1.batch_execute("SET LOCAL lock_timeout = '7s'").await.unwrap();
+    assert!(lock_xact(
+        &tx1,
+        name.as_str(),
+        &server_wait(Some(Duration::from_secs(1))),
+        &p
+    )
+    .await
+    .unwrap());
+    assert_eq!(show_lock_timeout(&tx1).await, "7s", "after success");
+    assert!(lock_xact(&tx1, unique("xb").as_str(), &server_wait(None), &p)
+        .await
+        .unwrap());
+    assert_eq!(show_lock_timeout(&tx1).await, "7s", "after an unbounded wait");
+
+    // Timeout: tx1 holds the name, tx2 asks for it.
+    let tx2 = c2.transaction().await.unwrap();
+    let t = Instant::now();
+    let got = lock_xact(
+        &tx2,
+        name.as_str(),
+        &server_wait(Some(Duration::from_millis(300))),
+        &p,
+    )
+    .await
+    .unwrap();
+    assert!(!got, "held by tx1");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        show_lock_timeout(&tx2).await,
+        "0",
+        "after a timeout: the session default"
+    );
+    tx2.query_one("SELECT 1", &[])
+        .await
+        .expect("tx2 usable after a timeout");
+    tx1.commit().await.unwrap();
+    assert!(lock_xact(&tx2, name.as_str(), &LockOptions::try_once(), &p)
+        .await
+        .unwrap());
+    tx2.commit().await.unwrap();
+}
+
+/// One side of a deadlock: holds `first`, then waits in the server for
+/// `second`. Returns the wait's result and `lock_timeout` afterwards.
+async fn deadlock_side(
+    first: String,
+    second: String,
+    both_hold: Arc<Barrier>,
+) -> (Result<bool, Error>, String) {
+    let mut c = pg_raw().await;
+    let tx = c.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '7s'").await.unwrap();
+    let p = Prefix::none();
+    assert!(lock_xact(&tx, first.as_str(), &LockOptions::try_once(), &p)
+        .await
+        .unwrap());
+    both_hold.wait().await;
+    let r = lock_xact(
+        &tx,
+        second.as_str(),
+        &server_wait(Some(Duration::from_secs(5))),
+        &p,
+    )
+    .await;
+    let setting = show_lock_timeout(&tx).await;
+    tx.query_one("SELECT 1", &[])
+        .await
+        .expect("the transaction stays usable");
+    if r.is_err() {
+        // The victim keeps `first` until its transaction ends.
+        let still: bool = tx
+            .query_one(
+                "SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(still, "the deadlock victim keeps the lock it held");
+        tx.rollback().await.unwrap();
+    } else {
+        tx.commit().await.unwrap();
+    }
+    (r, setting)
+}
+
+/// A server-side wait detects deadlocks: one side gets `Error::Deadlock`
+/// (SQLSTATE 40P01), the other the lock; settings survive on both sides.
+#[tokio::test]
+async fn deadlock_is_a_distinct_error() {
+    let (a, b) = (unique("da"), unique("db"));
+    let barrier = Arc::new(Barrier::new(2));
+    let s1 = tokio::spawn(deadlock_side(a.clone(), b.clone(), barrier.clone()));
+    let s2 = tokio::spawn(deadlock_side(b, a, barrier));
+    let ((r1, set1), (r2, set2)) = (s1.await.unwrap(), s2.await.unwrap());
+    let victim = match (&r1, &r2) {
+        (Err(e), Ok(true)) | (Ok(true), Err(e)) => e,
+        other => panic!("expected exactly one deadlock victim, got {other:?}"),
+    };
+    assert!(victim.is_deadlock(), "{victim:?}");
+    assert_eq!(victim.sqlstate().as_deref(), Some("40P01"));
+    assert_eq!(
+        (set1.as_str(), set2.as_str()),
+        ("7s", "7s"),
+        "lock_timeout restored on both sides"
+    );
+}
+
+/// A server-side deadlock through the Locker (dedicated connections per
+/// guard cannot form a cycle PostgreSQL sees, so this uses transaction
+/// locks on two lockers' own transactions) is covered above; here the
+/// Locker's server wait is bounded by its timeout without touching the
+/// session default.
+#[tokio::test]
+async fn locker_server_wait_leaves_no_setting_behind() {
+    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    let name = unique("srvwait");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let t = Instant::now();
+    assert!(b
+        .acquire(name.as_str(), &server_wait(Some(Duration::from_millis(250))))
+        .await
+        .unwrap()
+        .is_none());
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// The poll strategy in a caller's transaction: bounded, and released by COMMIT.
+#[tokio::test]
+async fn poll_strategy_in_caller_transaction() {
+    let name = unique("xpoll");
+    let mut c1 = pg_raw().await;
+    let mut c2 = pg_raw().await;
+    let p = Prefix::none();
+    let tx1 = c1.transaction().await.unwrap();
+    assert!(lock_xact(&tx1, name.as_str(), &LockOptions::try_once(), &p)
+        .await
+        .unwrap());
+    let tx2 = c2.transaction().await.unwrap();
+    let t = Instant::now();
+    let opts = LockOptions::new().timeout(Duration::from_millis(250));
+    assert!(!lock_xact(&tx2, name.as_str(), &opts, &p).await.unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(250));
+    tx1.commit().await.unwrap(); // releases
+    assert!(lock_xact(&tx2, name.as_str(), &LockOptions::try_once(), &p)
+        .await
+        .unwrap());
+    tx2.rollback().await.unwrap();
+}
+
+/// Rust and the Ruby gem share keys: a raw-SQL holder using the gem's
+/// statement blocks us, and our lock blocks the gem's statement.
+#[tokio::test]
+async fn gem_interop() {
+    let raw = pg_raw().await;
+    let l = Backend::Postgres.locker().await;
+    let name = unique("gem");
+    let PgKey::Pair(k1, k2) = pg_key(&LockName::from(name.as_str()), &Prefix::from_env()) else {
+        panic!("string names use the two-int4 form")
+    };
+    assert_eq!(
+        pg_key(&"test".into(), &Prefix::none()),
+        PgKey::Pair(1484750348, 0)
+    );
+    // What the gem sends, comment included.
+    let gem_sql = format!("SELECT pg_try_advisory_lock({k1},{k2}) AS t0123 /* {name} */");
+    let got: bool = raw.query_one(gem_sql.as_str(), &[]).await.unwrap().get(0);
+    assert!(got);
+    assert!(
+        l.try_lock(name.as_str()).await.unwrap().is_none(),
+        "the gem's lock blocks us"
+    );
+    // `list` names the gem's lock from its SQL comment.
+    let listed = l.list().await.unwrap();
+    let mine = listed
+        .iter()
+        .find(|x| x.key == format!("{k1} {k2}"))
+        .expect("listed");
+    assert_eq!(mine.name.as_deref(), Some(name.as_str()));
+    raw.query_one("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    let g = l.try_lock(name.as_str()).await.unwrap().expect("free again");
+    let got: bool = raw.query_one(gem_sql.as_str(), &[]).await.unwrap().get(0);
+    assert!(!got, "our lock blocks the gem");
+    g.release().await.unwrap();
+}
+
+/// Lock statements carry the name in a comment, visible in pg_stat_activity,
+/// and holders() reports who holds what.
+#[tokio::test]
+async fn statements_carry_the_name_and_holders_are_described() {
+    let l = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).application_name("dbmutex-test-app"))
+        .await;
+    let name = unique("comment */ sneaky /* part");
+    let g = l.lock(name.as_str()).await.unwrap();
+    let holders = l.holders(name.as_str()).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    let h = &holders[0];
+    assert_eq!(h.application.as_deref(), Some("dbmutex-test-app"));
+    assert_eq!(h.mode, Mode::Exclusive);
+    assert!(h.client.as_deref().unwrap().starts_with("127.0.0.1:"), "{h:?}");
+    assert!(h.since.is_some());
+    let raw = pg_raw().await;
+    let q: String = raw
+        .query_one(
+            "SELECT query FROM pg_stat_activity WHERE pid = $1",
+            &[&(h.pid as i32)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(q.contains("comment -- sneaky -- part"), "escaped name in {q:?}");
+    g.release().await.unwrap();
+}
+
+/// A hostile name cannot execute SQL: names only ever reach the server as
+/// escaped comment text, keys as integers.
+#[tokio::test]
+async fn hostile_names_cannot_execute_sql() {
+    let raw = pg_raw().await;
+    let table = format!("victim_{}", std::process::id());
+    raw.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} (x int)"))
+        .await
+        .unwrap();
+    let l = Backend::Postgres.locker().await;
+    for hostile in [
+        format!("*/ DROP TABLE {table}; /*"),
+        format!("x */; DROP TABLE {table}; --"),
+        format!("'); DROP TABLE {table}; --"),
+        format!("/* nested /* */ */ DROP TABLE {table}"),
+        format!("\n DROP TABLE {table};\n"),
+    ] {
+        for opts in [
+            LockOptions::try_once(),
+            server_wait(Some(Duration::from_millis(100))),
+            LockOptions::try_once().transaction(true),
+            server_wait(None).transaction(true),
+        ] {
+            let g = l.acquire(hostile.as_str(), &opts).await.unwrap().expect("free");
+            g.release().await.unwrap();
+        }
+        assert!(!l.is_locked(hostile.as_str()).await.unwrap());
+    }
+    let exists: bool = raw
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(exists, "the table survived every hostile name");
+    raw.batch_execute(&format!("DROP TABLE {table}")).await.unwrap();
+}
+
+/// Session-level locks from a server-side wait and from the multiplexed
+/// session live on different connections; the raw key forms are distinct
+/// lock spaces.
+#[tokio::test]
+async fn raw_keys_are_separate_spaces() {
+    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    let base = (std::process::id() as i64) << 20 | 7;
+    let g1 = a.lock(LockName::raw_i64(base)).await.unwrap();
+    assert!(b.try_lock(LockName::raw_i64(base)).await.unwrap().is_none());
+    let hi = (base >> 32) as i32;
+    let lo = base as i32;
+    let g2 = b
+        .try_lock(LockName::raw_pair(hi, lo))
+        .await
+        .unwrap()
+        .expect("(hi, lo) pair is another lock than the bigint");
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+/// With TLS: sslmode=require encrypts (Debian's server offers TLS), and
+/// verify-full refuses the untrusted self-signed certificate.
+#[tokio::test]
+async fn tls_follows_sslmode() {
+    let url = pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let l = Backend::Postgres
+        .connect(Locker::builder(&format!("{url}{sep}sslmode=require")))
+        .await;
+    let name = unique("tls");
+    let g = l.lock(name.as_str()).await.unwrap();
+    let pid = l.holders(name.as_str()).await.unwrap()[0].pid as i32;
+    let raw = pg_raw().await;
+    let ssl: bool = raw
+        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl, "sslmode=require must encrypt");
+    g.release().await.unwrap();
+
+    let err = Locker::connect(&format!("{url}{sep}sslmode=verify-full"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    let err = Locker::connect(&format!("{url}{sep}sslmode=bogus"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+}
+
+/// Unreachable servers and bad credentials fail fast with a typed error that
+/// never shows the password.
+#[tokio::test]
+async fn connection_errors_are_typed_and_hide_passwords() {
+    let t = Instant::now();
+    let err = Locker::connect("postgres://u:hunter2@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "unreachable must fail within the connect timeout"
+    );
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    // A role that does not exist: the server refuses the login.
+    let err = Locker::connect("postgres://no_such_role_dbmutex:hunter2@127.0.0.1:5432/test")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert_eq!(err.sqlstate().as_deref(), Some("28000"), "{err}");
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let err = Locker::connect("postgres://u:hunter2@127.0.0.1:5432/test?bogus_option=1")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    let err = Locker::connect("ftp://x").await.unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    // A server that accepts the connection and then says nothing (a
+    // listener of our own on loopback): the connect timeout is the bound.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let t = Instant::now();
+    let err = Locker::builder(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .connect_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    drop(silent);
+}
+
+/// A transaction-level lock held through the Locker lives in a transaction
+/// on its own connection, released by COMMIT; dropping the guard ends it too.
+#[tokio::test]
+async fn locker_transaction_lock_lives_in_its_own_transaction() {
+    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    let name = unique("lxact");
+    let g = a
+        .acquire(name.as_str(), &LockOptions::new().transaction(true))
+        .await
+        .unwrap()
+        .unwrap();
+    let pid = a.holders(name.as_str()).await.unwrap()[0].pid as i32;
+    let raw = pg_raw().await;
+    let state: String = raw
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "idle in transaction");
+    drop(g);
+    assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
+}
