@@ -1,1 +1,77 @@
-fn main() {}
+//! `dbmutex`: run a command under a lock that the database owns — flock(1)
+//! across hosts — and inspect such locks.
+//!
+//! Stdout, stdin and stderr belong to the command; dbmutex writes only its
+//! own messages, to stderr, prefixed `dbmutex:`. `main` returns the exit
+//! status that `--help` documents.
+
+mod backend;
+mod child;
+mod cli;
+mod exit;
+mod report;
+mod run;
+mod say;
+mod seconds;
+mod signals;
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::exit::Failure;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(usage_error(&e)),
+    };
+    // Current-thread on purpose: the command is forked from this thread, and
+    // the parent-death signal fires when the forking *thread* exits.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dbmutex: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::OS_ERROR);
+        }
+    };
+    match runtime.block_on(execute(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("dbmutex: {f}");
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn execute(cli: Cli) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Run(args) => run::run(&cli.global, args).await,
+        Command::Status(args) => report::status(&cli.global, args).await,
+        Command::List(args) => report::list(&cli.global, args).await,
+        Command::Key(args) => report::key(&cli.global, args),
+    }
+}
+
+/// Prints a parse error (or the help or version asked for) and returns the
+/// exit status: 0 for `--help` and `--version`, 64 for any usage error
+/// (clap's own default would be 2).
+fn usage_error(e: &clap::Error) -> u8 {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
+        }
+        // `dbmutex` alone: the help, on stderr, as a usage error.
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprint!("{}", e.render());
+            exit::USAGE
+        }
+        _ => {
+            eprint!("dbmutex: {}", e.render());
+            exit::USAGE
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The command line: flags, subcommands and help text.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::seconds::parse_seconds;
+
+const AFTER_HELP: &str = "\
+Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
+(postgres://, postgresql://, mysql://, mariadb://); with none of them, the local
+backend: lock files under env DBMUTEX_LOCK_DIR, else a per-user runtime directory.
+
+Exit status of `dbmutex run`:
+  the command's  the command ran; 128+N if it died of signal N
+  75 (or -E N)   not acquired: -n conflict or -w timeout; the command did not run
+  64             usage error: bad flag or value, empty name, no command, or an
+                 option the backend does not support (-s on MySQL, --transaction
+                 off PostgreSQL)
+  69             server unreachable, authentication failed, or another database
+                 error before the command started; the command did not run
+  70             the lock was lost while the command ran (it got SIGTERM, then
+                 SIGKILL after --kill-after)
+  126, 127       the command could not be executed / was not found (as env(1))
+  128+N          dbmutex got signal N while waiting; the command did not run
+`dbmutex status` exits 0 when the lock is free and 1 when it is held.
+
+Examples:
+  dbmutex run nightly-report -- ./report.sh          wait, then run
+  dbmutex run -n nightly-report -- ./report.sh       skip if already running
+  dbmutex run -w 2.5 -E 0 cache-x -c 'make cache'    wait 2.5 s at most; skip quietly
+  DATABASE_URL=postgres://app@db/app dbmutex run --transaction sync-42 -- ./sync
+  dbmutex status nightly-report
+  dbmutex list --json
+  dbmutex key nightly-report";
+
+/// A mutex the database owns: flock(1) across hosts.
+#[derive(Debug, Parser)]
+#[command(name = "dbmutex", version, about, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Database URL [default: env DBMUTEX_DATABASE_URL, else DATABASE_URL, else local]
+    #[arg(long, global = true, value_name = "URL", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub database_url: Option<String>,
+
+    /// Key prefix, as the Ruby gem's [default: env WITH_ADVISORY_LOCK_PREFIX]
+    #[arg(long, global = true, value_name = "N")]
+    pub prefix: Option<String>,
+
+    /// Say on stderr how long the lock was waited for and held.
+    #[arg(short, long, global = true, conflicts_with = "quiet")]
+    pub verbose: bool,
+
+    /// Print nothing but errors (no waiting notice).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding the lock NAME.
+    #[command(override_usage = "dbmutex run [OPTIONS] NAME -- COMMAND [ARGS...]\n       \
+                          dbmutex run [OPTIONS] NAME -c 'SHELL COMMAND'")]
+    Run(RunArgs),
+    /// Say whether NAME is held, and by whom (exit 0 free, 1 held).
+    Status(StatusArgs),
+    /// List the locks held on the server now.
+    List(ListArgs),
+    /// Print the database keys NAME maps to on each backend.
+    Key(KeyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Try once; if the lock is held, exit 75 (or -E) without running the command
+    #[arg(short, long, conflicts_with = "timeout")]
+    pub no_wait: bool,
+
+    /// Wait at most SECONDS (fractions allowed; 0 = --no-wait). Default: forever.
+    #[arg(short = 'w', long, value_name = "SECONDS", value_parser = parse_seconds, allow_hyphen_values = true)]
+    pub timeout: Option<Duration>,
+
+    /// Take a shared lock (PostgreSQL and local; not MySQL).
+    #[arg(short, long, overrides_with = "exclusive")]
+    pub shared: bool,
+
+    /// Take an exclusive lock (the default).
+    #[arg(short = 'x', long, overrides_with = "shared")]
+    pub exclusive: bool,
+
+    /// Exit status when the lock is not acquired.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED)]
+    pub conflict_exit_code: u8,
+
+    /// PostgreSQL: hold a transaction-level lock (safe behind PgBouncer transaction pooling)
+    #[arg(long)]
+    pub transaction: bool,
+
+    /// If the lock is lost: seconds between SIGTERM and SIGKILL to the command
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        value_parser = parse_seconds,
+        default_value = "5",
+        allow_hyphen_values = true
+    )]
+    pub kill_after: Duration,
+
+    /// Run SHELL COMMAND with $SHELL -c (else /bin/sh -c).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL COMMAND",
+        conflicts_with = "argv"
+    )]
+    pub shell_command: Option<OsString>,
+
+    /// The lock's name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The command to run and its arguments.
+    #[arg(value_name = "COMMAND", trailing_var_arg = true, allow_hyphen_values = true)]
+    pub argv: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The wait bound: `None` = forever.
+    pub fn wait(&self) -> Option<Duration> {
+        if self.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            self.timeout
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock's name.
+    pub name: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print one JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The lock's name.
+    pub name: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}

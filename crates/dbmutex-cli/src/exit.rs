@@ -1,0 +1,112 @@
+//! Exit statuses (sysexits.h values, as the contract in `--help` lists them)
+//! and the failure type that carries one.
+
+use std::fmt;
+
+/// Bad flag or value, empty name, no command, an option the backend lacks.
+pub const USAGE: u8 = 64;
+/// Server unreachable, authentication failed, other database error before
+/// the command started.
+pub const UNAVAILABLE: u8 = 69;
+/// The lock was lost while the command ran.
+pub const LOCK_LOST: u8 = 70;
+/// The operating system refused something dbmutex needs (runtime, signals).
+pub const OS_ERROR: u8 = 71;
+/// Writing our own output failed.
+pub const IO_ERROR: u8 = 74;
+/// Default for "not acquired" (`-n` conflict, `-w` timeout).
+pub const NOT_ACQUIRED: u8 = 75;
+/// The command was found but could not be executed (as env(1) and shells).
+pub const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as env(1) and shells).
+pub const NOT_FOUND: u8 = 127;
+
+/// The status for a process that died of signal `sig`: 128 + N, as shells report it.
+pub fn for_signal(sig: i32) -> u8 {
+    u8::try_from(128 + sig).unwrap_or(u8::MAX)
+}
+
+/// An error that ends dbmutex: a message for stderr and an exit status.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure::new(USAGE, message)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<dbmutex::Error> for Failure {
+    fn from(e: dbmutex::Error) -> Self {
+        use dbmutex::Error;
+        let code = match &e {
+            // What the user asked for cannot be done as asked: a usage error.
+            Error::InvalidName(_) | Error::Config(_) | Error::Unsupported(_) => USAGE,
+            Error::LockLost { .. } => LOCK_LOST,
+            // Connect, Database, Deadlock, LockTableFull, Io, TooManyLocks, and
+            // whatever later versions add: the server (or lock directory) failed us.
+            _ => UNAVAILABLE,
+        };
+        Failure::new(code, describe(&e))
+    }
+}
+
+/// The error's message followed by those of its sources that it does not
+/// already include.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_errors_map_to_the_contract() {
+        let usage = dbmutex::Error::Unsupported("no shared locks".into());
+        assert_eq!(Failure::from(usage).code, USAGE);
+        let name = dbmutex::Error::InvalidName("empty".into());
+        assert_eq!(Failure::from(name).code, USAGE);
+        let connect = dbmutex::Error::Connect("refused".into());
+        let f = Failure::from(connect);
+        assert_eq!(f.code, UNAVAILABLE);
+        assert!(f.message.contains("refused"), "{}", f.message);
+        assert_eq!(
+            Failure::from(dbmutex::Error::Database("x".into())).code,
+            UNAVAILABLE
+        );
+    }
+
+    #[test]
+    fn signal_statuses() {
+        assert_eq!(for_signal(15), 143);
+        assert_eq!(for_signal(9), 137);
+        assert_eq!(for_signal(200), 255);
+    }
+}

@@ -1,0 +1,153 @@
+//! `dbmutex status`, `list` and `key`: what the server (or the key mapping)
+//! says, as text for people or JSON for scripts.
+
+use std::io::Write;
+
+use dbmutex::key::{local_file_name, mysql_lock_string, pg_key, PgKey};
+use dbmutex::{Holder, LockName, Prefix};
+use serde_json::{json, Map, Value};
+
+use crate::backend::Target;
+use crate::cli::{Global, KeyArgs, ListArgs, StatusArgs};
+use crate::exit::{self, Failure};
+use crate::say::shown;
+
+/// Checks a lock name before anything connects.
+pub fn valid_name(name: &str) -> Result<LockName, Failure> {
+    let n = LockName::from(name);
+    n.validate()?;
+    Ok(n)
+}
+
+/// Exit 0 when free, 1 when held.
+pub async fn status(global: &Global, args: StatusArgs) -> Result<u8, Failure> {
+    let name = valid_name(&args.name)?;
+    let target = Target::choose(global)?;
+    let locker = target.connect().await?;
+    let holders = locker.holders(name.clone()).await?;
+    let state = if holders.is_empty() { "free" } else { "held" };
+    let out = if args.json {
+        let holders: Vec<Value> = holders.iter().map(|h| Value::Object(holder_json(h))).collect();
+        json_line(&json!({
+            "name": args.name,
+            "backend": locker.backend().as_str(),
+            "key": locker.key_of(name)?,
+            "state": state,
+            "held": !holders.is_empty(),
+            "holders": holders,
+        }))
+    } else {
+        let mut s = format!("{state}\n");
+        for h in &holders {
+            s.push_str(&format!("{}: {}\n", h.mode.as_str(), holder_text(h)));
+        }
+        s
+    };
+    print(&out)?;
+    Ok(u8::from(!holders.is_empty()))
+}
+
+pub async fn list(global: &Global, args: ListArgs) -> Result<u8, Failure> {
+    let target = Target::choose(global)?;
+    let locker = target.connect().await?;
+    let locks = locker.list().await?;
+    let out = if args.json {
+        let rows: Vec<Value> = locks
+            .iter()
+            .map(|l| {
+                let mut m = Map::new();
+                m.insert("name".into(), json!(l.name));
+                m.insert("key".into(), json!(l.key));
+                m.extend(holder_json(&l.holder));
+                Value::Object(m)
+            })
+            .collect();
+        json_line(&Value::Array(rows))
+    } else {
+        locks
+            .iter()
+            .map(|l| {
+                let what = match &l.name {
+                    Some(n) => format!("{} (key {})", shown(n), l.key),
+                    None => format!("key {}", l.key),
+                };
+                format!("{what}: {}, {}\n", l.holder.mode.as_str(), holder_text(&l.holder))
+            })
+            .collect()
+    };
+    print(&out)?;
+    Ok(0)
+}
+
+/// Needs no connection: the mapping is pure.
+pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
+    let name = valid_name(&args.name)?;
+    let prefix = match &global.prefix {
+        Some(p) => Prefix::new(p.clone()),
+        None => Prefix::from_env(),
+    };
+    let pg = pg_key(&name, &prefix);
+    let mysql = mysql_lock_string(&name, &prefix)?;
+    let local = local_file_name(&name, &prefix)?;
+    let out = if args.json {
+        let pg_json = match pg {
+            PgKey::Pair(k1, k2) => json!({ "k1": k1, "k2": k2 }),
+            PgKey::Big(k) => json!({ "key": k }),
+        };
+        json_line(&json!({
+            "name": args.name,
+            "prefix": prefix.text(),
+            "postgres": pg_json,
+            "mysql": mysql,
+            "local": local,
+        }))
+    } else {
+        format!("postgres {pg}\nmysql {mysql}\nlocal {local}\n")
+    };
+    print(&out)?;
+    Ok(0)
+}
+
+/// "pid 123, app x, user u, client 127.0.0.1:5000, since ..." with what is known.
+fn holder_text(h: &Holder) -> String {
+    let mut parts = vec![format!("pid {}", h.pid)];
+    let fields = [
+        ("app", &h.application),
+        ("user", &h.user),
+        ("client", &h.client),
+        ("since", &h.since),
+    ];
+    for (label, value) in fields {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+            parts.push(format!("{label} {}", shown(v)));
+        }
+    }
+    parts.join(", ")
+}
+
+/// The waiting notice's "held by ..." part, for one or more holders.
+pub fn holders_text(holders: &[Holder]) -> String {
+    holders.iter().map(holder_text).collect::<Vec<_>>().join("; ")
+}
+
+fn holder_json(h: &Holder) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("mode".into(), json!(h.mode.as_str()));
+    m.insert("pid".into(), json!(h.pid));
+    m.insert("application".into(), json!(h.application));
+    m.insert("user".into(), json!(h.user));
+    m.insert("client".into(), json!(h.client));
+    m.insert("since".into(), json!(h.since));
+    m
+}
+
+fn json_line(v: &Value) -> String {
+    format!("{v}\n")
+}
+
+fn print(s: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write to stdout: {e}")))
+}
