@@ -1,0 +1,193 @@
+//! MySQL connections: URL handling, connecting, and a small pool of clean
+//! connections.
+//!
+//! Why not `mysql_async::Pool`: it resets a connection when it comes back
+//! (`COM_RESET_CONNECTION`), which releases every user lock the session
+//! holds, and it hands connections out again on its own terms. A lock must
+//! live exactly as long as its guard, so every connection here is a plain
+//! `Conn` owned by one guard at a time; dropping a `Conn` closes it, and the
+//! server frees its locks. Only connections known to hold nothing come back
+//! to [`Connector`]'s idle list.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder};
+
+use crate::locker::{redact_url, Settings};
+use crate::{Error, Result};
+
+/// What `Queryable` methods return.
+pub(crate) type ConnFuture<'c, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = mysql_async::Result<T>> + Send + 'c>>;
+
+/// At most this many clean connections wait for reuse; more are closed.
+const IDLE_MAX: usize = 8;
+
+/// An idle connection older than this is closed rather than reused: a
+/// middlebox may have dropped it silently.
+const IDLE_TTL: Duration = Duration::from_secs(60);
+
+/// Makes connections and keeps the clean ones for reuse.
+pub(crate) struct Connector {
+    opts: Opts,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<(Conn, Instant)>>,
+}
+
+/// A connection and whether it came from the idle list (a reused
+/// connection may have died while idle; a fresh one is worth one retry).
+pub(crate) struct Checkout {
+    pub(crate) conn: Conn,
+    pub(crate) reused: bool,
+}
+
+impl Connector {
+    /// Parses a `mysql://` or `mariadb://` URL (mysql_async's URL syntax and
+    /// parameters, e.g. `?require_ssl=true`).
+    pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
+        let mysql_url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let opts = Opts::from_url(&mysql_url)
+            .map_err(|e| Error::Config(format!("bad MySQL URL {}: {e}", redact_url(url))))?;
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let has_param = |p: &str| query.split('&').any(|kv| kv.split('=').next() == Some(p));
+        let mut builder =
+            OptsBuilder::from_opts(opts).connect_attribute("program_name", &settings.application_name);
+        // mysql_async switches a loopback TCP connection to the server's Unix
+        // socket by default: an extra connect per lock, and holders would no
+        // longer show the address the URL names. Keep what the URL says.
+        if !has_param("prefer_socket") {
+            builder = builder.prefer_socket(false);
+        }
+        if !has_param("tcp_keepalive") {
+            builder = builder.tcp_keepalive(Some(settings.keepalive.max(Duration::from_secs(1))));
+        }
+        Ok(Connector {
+            opts: builder.into(),
+            connect_timeout: settings.connect_timeout,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Opens a new connection, bounded by the connect timeout.
+    pub(crate) async fn connect(&self) -> Result<Conn> {
+        match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(Error::Connect(Box::new(e))),
+            Err(_) => Err(Error::Connect(
+                format!(
+                    "no answer from {}:{} within {:?}",
+                    self.opts.ip_or_hostname(),
+                    self.opts.tcp_port(),
+                    self.connect_timeout
+                )
+                .into(),
+            )),
+        }
+    }
+
+    /// A clean idle connection, or a new one.
+    pub(crate) async fn checkout(&self) -> Result<Checkout> {
+        let reused = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut found = None;
+            while let Some((c, since)) = idle.pop() {
+                if since.elapsed() < IDLE_TTL && !c.is_disconnected() {
+                    found = Some(c);
+                    break;
+                }
+            }
+            found
+        };
+        match reused {
+            Some(conn) => Ok(Checkout { conn, reused: true }),
+            None => Ok(Checkout {
+                conn: self.connect().await?,
+                reused: false,
+            }),
+        }
+    }
+
+    /// Returns a connection that holds no lock, for reuse.
+    ///
+    /// Only call this when the connection is known to hold nothing: a
+    /// statement confirmed it, and no statement was interrupted.
+    pub(crate) fn checkin(&self, conn: Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|(c, since)| since.elapsed() < IDLE_TTL && !c.is_disconnected());
+        if idle.len() < IDLE_MAX {
+            idle.push((conn, Instant::now()));
+        }
+        // Else `conn` drops here, which closes it.
+    }
+
+    /// Runs `f` on a clean connection that takes no lock, retrying once on a
+    /// fresh connection when a reused one turns out to be dead.
+    pub(crate) async fn run<T, F>(&self, f: F) -> Result<T, RunError>
+    where
+        F: for<'c> Fn(&'c mut Conn) -> ConnFuture<'c, T>,
+    {
+        let mut retried = false;
+        loop {
+            let Checkout { mut conn, reused } = self.checkout().await.map_err(RunError::Connect)?;
+            match f(&mut conn).await {
+                Ok(v) => {
+                    self.checkin(conn);
+                    return Ok(v);
+                }
+                Err(e @ mysql_async::Error::Server(_)) => {
+                    // A server error leaves the session usable and lock-free.
+                    self.checkin(conn);
+                    return Err(RunError::Query(e));
+                }
+                Err(e) => {
+                    drop(conn);
+                    if reused && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(RunError::Query(e));
+                }
+            }
+        }
+    }
+
+    /// Kills connection `id` (`KILL CONNECTION`) from another connection, so
+    /// that a statement still running there ends now and the session's locks
+    /// are freed. A connection that is already gone is fine.
+    pub(crate) async fn kill(&self, id: u32) {
+        // An integer we own: safe to inline, and KILL cannot be prepared everywhere.
+        let sql = format!("KILL CONNECTION {id}");
+        let r = self.run(|c| c.query_drop(sql.clone())).await;
+        match r {
+            Ok(()) => {}
+            // 1094: unknown thread id — it ended by itself.
+            Err(RunError::Query(mysql_async::Error::Server(e))) if e.code == 1094 => {}
+            Err(e) => {
+                tracing::warn!(connection = id, error = %e, "dbmutex: could not kill an abandoned MySQL connection")
+            }
+        }
+    }
+}
+
+/// A failure of [`Connector::run`].
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// No connection could be made.
+    Connect(Error),
+    /// The statement failed.
+    Query(mysql_async::Error),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Connect(e) => e.fmt(f),
+            RunError::Query(e) => e.fmt(f),
+        }
+    }
+}

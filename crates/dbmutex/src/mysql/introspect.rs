@@ -1,0 +1,152 @@
+//! Who holds what: `IS_USED_LOCK`, `information_schema.PROCESSLIST`, and the
+//! metadata-lock tables.
+
+use mysql_async::prelude::Queryable;
+
+use super::conn::{Connector, RunError};
+use super::run_err;
+use crate::key::{mysql_lock_string, Prefix};
+use crate::locker::{Holder, ListedLock, Settings};
+use crate::{Error, LockName, Mode, Result};
+
+/// The holder's connection id, user, host, and when its current state began
+/// (a server timestamp), for one lock string.
+const HOLDER_SQL: &str = "SELECT l.id, p.USER, p.HOST, CAST(NOW() - INTERVAL p.TIME SECOND AS CHAR) \
+     FROM (SELECT IS_USED_LOCK(?) AS id) l \
+     LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
+     WHERE l.id IS NOT NULL";
+
+/// MariaDB: granted user locks, from the `metadata_lock_info` plugin.
+const MARIADB_LIST_SQL: &str = "SELECT m.TABLE_SCHEMA, m.THREAD_ID, p.USER, p.HOST, \
+     CAST(NOW() - INTERVAL p.TIME SECOND AS CHAR) \
+     FROM information_schema.METADATA_LOCK_INFO m \
+     LEFT JOIN information_schema.PROCESSLIST p ON p.ID = m.THREAD_ID \
+     WHERE m.LOCK_TYPE = 'User lock' ORDER BY m.THREAD_ID, m.TABLE_SCHEMA";
+
+/// MySQL 8 (from its documentation; not measured here): granted user locks
+/// from performance_schema.
+const MYSQL8_LIST_SQL: &str = "SELECT m.OBJECT_NAME, t.PROCESSLIST_ID, t.PROCESSLIST_USER, \
+     t.PROCESSLIST_HOST, CAST(NOW() - INTERVAL t.PROCESSLIST_TIME SECOND AS CHAR) \
+     FROM performance_schema.metadata_locks m \
+     JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID \
+     WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'GRANTED' \
+     ORDER BY t.PROCESSLIST_ID, m.OBJECT_NAME";
+
+/// Connection id, user, host, since.
+type Row = (Option<i64>, Option<String>, Option<String>, Option<String>);
+/// The lock string, then a [`Row`].
+type ListRow = (
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+fn holder(row: Row) -> Option<Holder> {
+    let (id, user, host, since) = row;
+    Some(Holder {
+        pid: id?,
+        mode: Mode::Exclusive,
+        application: None,
+        user,
+        client: host,
+        since,
+    })
+}
+
+pub(super) async fn is_locked(connector: &Connector, name: &LockName, settings: &Settings) -> Result<bool> {
+    let lock = mysql_lock_string(name, &settings.prefix)?;
+    let row: Option<(Option<i64>,)> = connector
+        .run(|c| c.exec_first("SELECT IS_USED_LOCK(?)", (lock.clone(),)))
+        .await
+        .map_err(|e| run_err(e, name))?;
+    Ok(row.and_then(|(id,)| id).is_some())
+}
+
+pub(super) async fn holders(
+    connector: &Connector,
+    name: &LockName,
+    settings: &Settings,
+) -> Result<Vec<Holder>> {
+    let lock = mysql_lock_string(name, &settings.prefix)?;
+    let rows: Vec<Row> = connector
+        .run(|c| c.exec(HOLDER_SQL, (lock.clone(),)))
+        .await
+        .map_err(|e| run_err(e, name))?;
+    Ok(rows.into_iter().filter_map(holder).collect())
+}
+
+pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<Vec<ListedLock>> {
+    let listing = LockName::Str("(list)".into());
+    let mariadb: Result<Vec<ListRow>, _> = connector.run(|c| c.exec(MARIADB_LIST_SQL, ())).await;
+    let rows =
+        match mariadb {
+            Ok(rows) => rows,
+            // 1109: unknown table — the plugin is not installed, or this is MySQL.
+            Err(RunError::Query(mysql_async::Error::Server(e))) if e.code == 1109 => {
+                // MariaDB has performance_schema.metadata_locks too, but with
+                // performance_schema off (its default) the table is just empty.
+                let flavour: Option<(Option<i64>, Option<i64>)> = connector
+                    .run(|c| c.query_first("SELECT VERSION() LIKE '%MariaDB%', @@performance_schema"))
+                    .await
+                    .map_err(|e| run_err(e, &listing))?;
+                match flavour {
+                    Some((Some(0), Some(1))) => connector
+                        .run(|c| c.exec(MYSQL8_LIST_SQL, ()))
+                        .await
+                        .map_err(|e| run_err(e, &listing))?,
+                    Some((Some(0), _)) => return Err(Error::Unsupported(
+                        "listing MySQL user locks needs performance_schema (performance_schema=ON in the \
+                         server's configuration); is_locked and holders work without it"
+                            .into(),
+                    )),
+                    _ => return Err(Error::Unsupported(
+                        "listing MariaDB user locks needs the metadata_lock_info plugin (an administrator \
+                         runs: INSTALL SONAME 'metadata_lock_info'); is_locked and holders work without it"
+                            .into(),
+                    )),
+                }
+            }
+            Err(e) => return Err(run_err(e, &listing)),
+        };
+    Ok(rows
+        .into_iter()
+        .filter_map(|(key, id, user, host, since)| {
+            Some(ListedLock {
+                name: name_of(&key, &settings.prefix),
+                holder: holder((id, user, host, since))?,
+                key,
+            })
+        })
+        .collect())
+}
+
+/// The name behind a lock string, when it can be known: the string minus
+/// the prefix, if that maps back to the same string (long names are hashed).
+fn name_of(key: &str, prefix: &Prefix) -> Option<String> {
+    let rest = key.strip_prefix(prefix.text())?;
+    let candidate = LockName::Str(rest.to_owned());
+    (!rest.is_empty() && mysql_lock_string(&candidate, prefix).ok()? == key).then(|| rest.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_lock_strings() {
+        let p = Prefix::new("app:");
+        assert_eq!(name_of("app:report", &p).as_deref(), Some("report"));
+        assert_eq!(name_of("other:report", &p), None);
+        assert_eq!(name_of("app:", &p), None);
+        let long = "n".repeat(100);
+        let key = mysql_lock_string(&long.as_str().into(), &p).unwrap();
+        assert_eq!(
+            name_of(&key, &p),
+            None,
+            "a hashed string does not reveal its name"
+        );
+        assert_eq!(name_of("plain", &Prefix::none()).as_deref(), Some("plain"));
+    }
+}
