@@ -1,0 +1,228 @@
+//! One lock file: a descriptor that locks it without blocking, and probes.
+//!
+//! Everything here does file-system calls that may block on a slow disk, so
+//! the backend runs it on tokio's blocking pool. Only the unlock in a guard's
+//! `Drop` runs in place: `flock(LOCK_UN)` and `close` do not wait.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+
+use super::{io_error, note};
+use crate::{Mode, Result};
+
+/// A descriptor on a lock file. Each holder opens its own: the OS lock
+/// belongs to the open file description, so two descriptors conflict within
+/// one process just as in two processes.
+pub(crate) struct LockFile {
+    file: File,
+    /// False for a file another user created in a shared directory: a
+    /// read-only descriptor locks as well, it just cannot write the note.
+    writable: bool,
+}
+
+impl LockFile {
+    /// Opens `path`, creating it when missing. Never truncates: the file may
+    /// be locked by someone else.
+    pub(crate) fn open(path: &Path) -> Result<LockFile> {
+        let rw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path);
+        match rw {
+            Ok(file) => Ok(LockFile { file, writable: true }),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => match File::open(path) {
+                Ok(file) => Ok(LockFile {
+                    file,
+                    writable: false,
+                }),
+                Err(_) => Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+            },
+            Err(e) => Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+        }
+    }
+
+    /// Opens an existing file for a probe; `None` when there is none.
+    fn open_existing(path: &Path) -> Result<Option<LockFile>> {
+        match File::open(path) {
+            Ok(file) => Ok(Some(LockFile {
+                file,
+                writable: false,
+            })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+        }
+    }
+
+    /// Takes the OS lock if nobody conflicting has it; never waits.
+    pub(crate) fn try_lock(&self, mode: Mode, path: &Path) -> Result<bool> {
+        let r = match mode {
+            Mode::Exclusive => self.file.try_lock(),
+            Mode::Shared => self.file.try_lock_shared(),
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(TryLockError::WouldBlock) => Ok(false),
+            Err(TryLockError::Error(e)) => Err(io_error(format!("cannot lock {}", path.display()), e)),
+        }
+    }
+
+    /// Whether `path` still names the file this descriptor is open on. A lock
+    /// on a file that was removed (or replaced) since it was opened excludes
+    /// nobody: the next opener creates and locks a new file.
+    pub(crate) fn is_at(&self, path: &Path) -> Result<bool> {
+        let mine = self
+            .file
+            .metadata()
+            .map_err(|e| io_error(format!("cannot stat lock file {}", path.display()), e))?;
+        match std::fs::metadata(path) {
+            Ok(now) => Ok(now.dev() == mine.dev() && now.ino() == mine.ino()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_error(format!("cannot stat lock file {}", path.display()), e)),
+        }
+    }
+
+    /// Writes the note for a holder in `mode` (see [`note`]). Best effort:
+    /// the note only informs `holders` and `list`, so a failure is logged and
+    /// the lock kept.
+    pub(crate) fn write_note(&self, mode: Mode, name: &str, application: &str, path: &Path) {
+        if !self.writable {
+            return;
+        }
+        let r = match mode {
+            Mode::Exclusive => {
+                let bytes = note::exclusive(name, application);
+                self.file
+                    .write_all_at(&bytes, 0)
+                    .and_then(|()| self.file.set_len(bytes.len() as u64))
+            }
+            // Only into an empty file; see the `note` module on why.
+            Mode::Shared => match self.file.metadata() {
+                Ok(m) if m.len() == 0 => self.file.write_all_at(&note::shared(name), 0),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = r {
+            tracing::debug!(path = %path.display(), error = %e, "dbmutex: cannot write the holder note");
+        }
+    }
+
+    /// Unlocks and closes. The explicit unlock matters when a child process
+    /// inherited the descriptor: closing ours alone would leave the lock to it.
+    pub(crate) fn unlock(self) -> io::Result<()> {
+        self.file.unlock()
+    }
+}
+
+/// Who holds the file at `path` now: `None` (free, or no such file), or the
+/// mode it is held in. Found by taking and at once dropping a lock on a fresh
+/// descriptor, so it costs no server and needs no privileges; a `try_lock`
+/// elsewhere that lands in that instant (microseconds) is refused as if the
+/// lock were held.
+pub(crate) fn probe(path: &Path) -> Result<Option<Mode>> {
+    let Some(fd) = LockFile::open_existing(path)? else {
+        return Ok(None);
+    };
+    let held = if fd.try_lock(Mode::Exclusive, path)? {
+        None
+    } else if fd.try_lock(Mode::Shared, path)? {
+        Some(Mode::Shared)
+    } else {
+        Some(Mode::Exclusive)
+    };
+    // The descriptor closes here too; unlocking first says so.
+    let _ = fd.unlock();
+    Ok(held)
+}
+
+/// The note in the file at `path`, empty when it cannot be read.
+pub(crate) fn read_note(path: &Path) -> note::Note {
+    std::fs::read(path).map(|b| note::parse(&b)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::tests::TempDir;
+
+    #[test]
+    fn descriptors_of_one_process_conflict_like_processes() {
+        let dir = TempDir::new("fds");
+        let path = dir.path().join("x.lock");
+        let a = LockFile::open(&path).unwrap();
+        let b = LockFile::open(&path).unwrap();
+        assert!(a.try_lock(Mode::Exclusive, &path).unwrap());
+        assert!(!b.try_lock(Mode::Exclusive, &path).unwrap());
+        assert!(!b.try_lock(Mode::Shared, &path).unwrap());
+        a.unlock().unwrap();
+        assert!(b.try_lock(Mode::Shared, &path).unwrap());
+        let c = LockFile::open(&path).unwrap();
+        assert!(c.try_lock(Mode::Shared, &path).unwrap(), "shared + shared");
+        assert!(!LockFile::open(&path)
+            .unwrap()
+            .try_lock(Mode::Exclusive, &path)
+            .unwrap());
+    }
+
+    #[test]
+    fn probes_report_the_mode_and_leave_nothing_held() {
+        let dir = TempDir::new("probe");
+        let path = dir.path().join("p.lock");
+        assert_eq!(probe(&path).unwrap(), None, "no file");
+        assert!(!path.exists(), "a probe creates no file");
+
+        let holder = LockFile::open(&path).unwrap();
+        assert_eq!(probe(&path).unwrap(), None, "free");
+        assert!(
+            holder.try_lock(Mode::Exclusive, &path).unwrap(),
+            "the probe of a free file let go"
+        );
+        assert_eq!(probe(&path).unwrap(), Some(Mode::Exclusive));
+        holder.unlock().unwrap();
+
+        let reader = LockFile::open(&path).unwrap();
+        assert!(reader.try_lock(Mode::Shared, &path).unwrap());
+        assert_eq!(probe(&path).unwrap(), Some(Mode::Shared));
+        reader.unlock().unwrap();
+        let after = LockFile::open(&path).unwrap();
+        assert!(
+            after.try_lock(Mode::Exclusive, &path).unwrap(),
+            "the probe of a shared file let go"
+        );
+    }
+
+    #[test]
+    fn a_replaced_file_is_noticed() {
+        let dir = TempDir::new("replaced");
+        let path = dir.path().join("r.lock");
+        let old = LockFile::open(&path).unwrap();
+        assert!(old.is_at(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        assert!(!old.is_at(&path).unwrap(), "removed");
+        let new = LockFile::open(&path).unwrap();
+        assert!(!old.is_at(&path).unwrap(), "replaced");
+        assert!(new.is_at(&path).unwrap());
+    }
+
+    #[test]
+    fn notes_by_mode() {
+        let dir = TempDir::new("notes");
+        let path = dir.path().join("n.lock");
+        let s = LockFile::open(&path).unwrap();
+        s.write_note(Mode::Shared, "the-name", "app", &path);
+        assert_eq!(read_note(&path).name.as_deref(), Some("the-name"));
+        assert_eq!(read_note(&path).pid, None, "shared holders write no pid");
+        let x = LockFile::open(&path).unwrap();
+        x.write_note(Mode::Exclusive, "the-name", "app", &path);
+        let n = read_note(&path);
+        assert_eq!(n.pid, Some(i64::from(std::process::id())));
+        assert_eq!(n.application.as_deref(), Some("app"));
+        // A shared holder leaves an existing note alone.
+        s.write_note(Mode::Shared, "the-name", "app", &path);
+        assert_eq!(read_note(&path), n);
+    }
+}
