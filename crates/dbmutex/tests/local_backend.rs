@@ -1,0 +1,525 @@
+//! The local backend through the public API, with real contention: tasks of
+//! one locker, lockers of one process, and other processes (util-linux
+//! `flock(1)`, and this test binary re-run as a child that holds a lock).
+
+use std::future::Future;
+use std::io::BufRead;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use dbmutex::{BackendKind, Error, LockName, LockOptions, Locker, Mode};
+
+/// Set in a child process: the name of the lock it holds.
+const CHILD_ENV: &str = "DBMUTEX_TEST_CHILD_LOCK";
+/// Set to `shared` in a child process that holds its lock shared.
+const CHILD_MODE_ENV: &str = "DBMUTEX_TEST_CHILD_MODE";
+const FLOCK: &str = "/usr/bin/flock";
+
+/// A fresh directory under the system's temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "dbmutex-local-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A locker on `dir`. Two lockers on one directory have separate in-process
+/// arbitration, so only the file lock keeps them apart, as for two processes.
+async fn local(dir: &TempDir) -> Locker {
+    Locker::local_builder(Some(dir.path().to_owned()))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A child process whose stdout lines arrive on a channel.
+struct Child {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Child {
+    fn spawn(cmd: &mut Command) -> Child {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Child { child, lines }
+    }
+
+    /// Blocks until the child prints `want` at the end of a line.
+    fn expect_line(&self, want: &str) {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                // libtest may have printed "test name ... " on that line first.
+                Ok(line) if line.split_whitespace().last() == Some(want) => return,
+                Ok(_) => {}
+                Err(e) => panic!("the child never printed {want:?}: {e}"),
+            }
+        }
+    }
+
+    fn close_stdin(&mut self) {
+        drop(self.child.stdin.take());
+    }
+
+    fn pid(&self) -> i64 {
+        i64::from(self.child.id())
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// This test binary, re-run as a child that holds `name` in `dir` (found
+/// through `DBMUTEX_LOCK_DIR`) until its stdin closes.
+fn dbmutex_child(dir: &TempDir, name: &str, mode: Mode) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "helper_child_holds_a_lock",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, name)
+    .env(CHILD_MODE_ENV, mode.as_str())
+    .env("DBMUTEX_LOCK_DIR", dir.path());
+    Child::spawn(&mut cmd)
+}
+
+/// Not a test of its own: the body of the child processes above. Without
+/// `DBMUTEX_TEST_CHILD_LOCK` it does nothing.
+#[tokio::test]
+async fn helper_child_holds_a_lock() {
+    let Ok(name) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let shared = std::env::var(CHILD_MODE_ENV).is_ok_and(|m| m == "shared");
+    let locker = Locker::local_builder(None).connect().await.unwrap();
+    let opts = LockOptions::try_once().shared(shared);
+    let guard = locker
+        .acquire(name.as_str(), &opts)
+        .await
+        .unwrap()
+        .expect("the parent left the lock free");
+    println!("ready");
+    let _ = std::io::stdin().read_line(&mut String::new());
+    guard.release().await.unwrap();
+    println!("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_and_lockers_exclude_each_other() {
+    const LOCKERS: usize = 2;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 40;
+    let dir = TempDir::new("count");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..LOCKERS {
+        let locker = local(&dir).await;
+        for t in 0..TASKS {
+            let (locker, inside, count) = (locker.clone(), inside.clone(), count.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..ROUNDS {
+                    let g = locker.lock("counter").await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                    // A read-modify-write across an await point: updates are
+                    // lost unless the lock excludes.
+                    let seen = count.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    count.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    if (i + t) % 2 == 0 {
+                        g.release().await.unwrap();
+                    } else {
+                        drop(g);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(count.load(Ordering::SeqCst), LOCKERS * TASKS * ROUNDS);
+}
+
+#[tokio::test]
+async fn shared_and_exclusive() {
+    let dir = TempDir::new("shared");
+    let (a, b) = (local(&dir).await, local(&dir).await);
+    let shared = LockOptions::try_once().shared(true);
+    let s1 = a.acquire("doc", &shared).await.unwrap().expect("first reader");
+    let s2 = a
+        .acquire("doc", &shared)
+        .await
+        .unwrap()
+        .expect("reader, same locker");
+    let s3 = b
+        .acquire("doc", &shared)
+        .await
+        .unwrap()
+        .expect("reader, other locker");
+    assert_eq!(s3.mode(), Mode::Shared);
+    assert!(
+        a.try_lock("doc").await.unwrap().is_none(),
+        "writer refused in process"
+    );
+    assert!(b.try_lock("doc").await.unwrap().is_none(), "writer refused");
+    let holders = b.holders("doc").await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!((holders[0].mode, holders[0].pid), (Mode::Shared, 0));
+    drop((s1, s2));
+    assert!(b.try_lock("doc").await.unwrap().is_none(), "one reader is left");
+    s3.release().await.unwrap();
+    let w = b
+        .try_lock("doc")
+        .await
+        .unwrap()
+        .expect("writer once readers are gone");
+    assert!(
+        a.acquire("doc", &shared).await.unwrap().is_none(),
+        "reader refused"
+    );
+    assert!(
+        b.acquire("doc", &shared).await.unwrap().is_none(),
+        "reader refused in process"
+    );
+    w.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn try_lock_is_refused_while_held_and_a_dropped_guard_frees() {
+    let dir = TempDir::new("try");
+    let (a, b) = (local(&dir).await, local(&dir).await);
+    assert!(!b.is_locked("job").await.unwrap());
+    let g = a.try_lock("job").await.unwrap().expect("free");
+    assert!(a.try_lock("job").await.unwrap().is_none(), "same locker");
+    assert!(b.try_lock("job").await.unwrap().is_none(), "other locker");
+    assert!(b.is_locked("job").await.unwrap());
+    assert_eq!(a.held_count(), 1);
+    drop(g);
+    assert_eq!(a.held_count(), 0);
+    assert!(!b.is_locked("job").await.unwrap(), "dropping frees at once");
+    let g = b.try_lock("job").await.unwrap().expect("free after the drop");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_are_honoured() {
+    let dir = TempDir::new("timeout");
+    let (a, b) = (local(&dir).await, local(&dir).await);
+    let g = a.lock("busy").await.unwrap();
+    let bound = Duration::from_millis(200);
+    // `a` waits in process, `b` on the file.
+    for (who, l) in [("same locker", &a), ("other locker", &b)] {
+        let start = Instant::now();
+        let got = l
+            .acquire("busy", &LockOptions::new().timeout(bound))
+            .await
+            .unwrap();
+        let waited = start.elapsed();
+        assert!(got.is_none(), "{who}: acquired a held lock");
+        assert!(waited >= bound, "{who}: gave up early, after {waited:?}");
+        assert!(waited < Duration::from_millis(1500), "{who}: overran: {waited:?}");
+    }
+    let start = Instant::now();
+    assert!(b.try_lock("busy").await.unwrap().is_none());
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "try once waited {:?}",
+        start.elapsed()
+    );
+
+    // A bounded wait that the release falls into succeeds.
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move {
+        let opts = LockOptions::new().timeout(Duration::from_secs(5));
+        b2.acquire("busy", &opts)
+            .await
+            .unwrap()
+            .map(|g| (Instant::now(), g))
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    drop(g);
+    let (at, g) = waiter.await.unwrap().expect("acquired within the bound");
+    assert!(
+        at - released < Duration::from_millis(500),
+        "hand-off took {:?}",
+        at - released
+    );
+    drop(g);
+}
+
+/// Polls `fut` once: its output if it finished, else `None` after dropping
+/// it at its first await point.
+async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(Some(v)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_nothing_held() {
+    let dir = TempDir::new("cancel");
+    let (holder, a, probe) = (local(&dir).await, local(&dir).await, local(&dir).await);
+
+    // Uncontended, cancelled at its first await point (the file work on the
+    // blocking pool): the lock that work may still take must not stay.
+    let mut cancelled = 0;
+    for _ in 0..20 {
+        match poll_once(a.lock("free")).await {
+            None => cancelled += 1,
+            Some(g) => drop(g.unwrap()),
+        }
+        assert_eq!(a.held_count(), 0);
+    }
+    assert!(
+        cancelled > 0,
+        "the acquire never suspended, so nothing was cancelled"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while probe.is_locked("free").await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled acquire left the lock held"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Contended: waiting on the file (another locker holds), waiting in
+    // process (a task of the same locker holds), and an aborted task.
+    let g = holder.lock("busy").await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(50), a.lock("busy"))
+        .await
+        .is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), holder.lock("busy"))
+            .await
+            .is_err()
+    );
+    let a2 = a.clone();
+    let task = tokio::spawn(async move { a2.lock("busy").await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    drop(g);
+    assert!(
+        !probe.is_locked("busy").await.unwrap(),
+        "a cancelled waiter holds the lock"
+    );
+    for l in [&holder, &a, &probe] {
+        let g = l.try_lock("busy").await.unwrap().expect("free for everyone");
+        g.release().await.unwrap();
+        assert_eq!(l.held_count(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flock_1_and_dbmutex_exclude_each_other() {
+    assert!(
+        Path::new(FLOCK).exists(),
+        "{FLOCK} (util-linux) is needed for this test"
+    );
+    let dir = TempDir::new("flock");
+    let l = local(&dir).await;
+    let path = dir.path().join(l.key_of("shell").unwrap());
+    let flock_now = |mode: &str| {
+        let status = Command::new(FLOCK)
+            .args(["-n", "-E", "3", mode])
+            .arg(&path)
+            .arg("true")
+            .status()
+            .unwrap();
+        status.code()
+    };
+
+    let g = l.lock("shell").await.unwrap();
+    assert_eq!(flock_now("-x"), Some(3), "flock -x refused while we hold");
+    assert_eq!(flock_now("-s"), Some(3), "flock -s refused while we hold");
+    drop(g);
+    assert_eq!(flock_now("-x"), Some(0), "free after our release");
+    let s = l
+        .acquire("shell", &LockOptions::new().shared(true))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(flock_now("-s"), Some(0), "shared with our shared lock");
+    assert_eq!(
+        flock_now("-x"),
+        Some(3),
+        "exclusive refused under our shared lock"
+    );
+    drop(s);
+
+    // flock(1) holds until its stdin closes.
+    let mut child =
+        Child::spawn(
+            Command::new(FLOCK)
+                .arg("-x")
+                .arg(&path)
+                .args(["sh", "-c", "echo held; read _; true"]),
+        );
+    child.expect_line("held");
+    assert!(
+        l.try_lock("shell").await.unwrap().is_none(),
+        "refused while flock(1) holds"
+    );
+    assert!(l.is_locked("shell").await.unwrap());
+    assert_eq!(l.holders("shell").await.unwrap()[0].mode, Mode::Exclusive);
+    let l2 = l.clone();
+    let waiter = tokio::spawn(async move {
+        let g = l2
+            .acquire("shell", &LockOptions::new().timeout(Duration::from_secs(10)))
+            .await;
+        (Instant::now(), g.unwrap().expect("acquired after flock(1) exits"))
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!waiter.is_finished(), "the waiter waits while flock(1) holds");
+    child.close_stdin();
+    let status = child.child.wait().unwrap();
+    let exited = Instant::now();
+    assert!(status.success(), "flock(1): {status}");
+    let (at, g) = waiter.await.unwrap();
+    // Polls are at most 20 ms apart.
+    let late = at.saturating_duration_since(exited);
+    assert!(
+        late < Duration::from_millis(300),
+        "took the lock {late:?} after flock(1) exited"
+    );
+    drop(g);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_dbmutex_process_contends_and_is_reported() {
+    let dir = TempDir::new("process");
+    let l = local(&dir).await;
+
+    let child = dbmutex_child(&dir, "xproc", Mode::Exclusive);
+    child.expect_line("ready");
+    assert!(
+        l.try_lock("xproc").await.unwrap().is_none(),
+        "refused while the child holds"
+    );
+    let bounded = LockOptions::new().timeout(Duration::from_millis(200));
+    assert!(l.acquire("xproc", &bounded).await.unwrap().is_none());
+    let holders = l.holders("xproc").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!((holders[0].pid, holders[0].mode), (child.pid(), Mode::Exclusive));
+    assert_eq!(holders[0].application.as_deref(), Some("dbmutex"));
+    let listed = l.list().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].name.as_deref(), Some("xproc"));
+    assert_eq!(listed[0].key, l.key_of("xproc").unwrap());
+    assert_eq!(listed[0].holder.pid, child.pid());
+
+    // A holder that dies (here: killed) frees its lock; its stale note is
+    // replaced by the next holder's.
+    drop(child);
+    let g = l
+        .acquire("xproc", &LockOptions::new().timeout(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("freed when its holder died");
+    assert_eq!(
+        l.holders("xproc").await.unwrap()[0].pid,
+        i64::from(std::process::id())
+    );
+    drop(g);
+
+    // A shared holder elsewhere: readers share, a writer waits for it.
+    let mut child = dbmutex_child(&dir, "xproc", Mode::Shared);
+    child.expect_line("ready");
+    let shared = LockOptions::try_once().shared(true);
+    let r = l.acquire("xproc", &shared).await.unwrap().expect("readers share");
+    drop(r);
+    let l2 = l.clone();
+    let writer = tokio::spawn(async move { l2.lock("xproc").await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!writer.is_finished(), "the writer waits for the other process");
+    child.close_stdin();
+    child.expect_line("released");
+    let g = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer gets the lock once the child released it")
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn file_urls_directories_and_unsupported_options() {
+    let base = TempDir::new("url");
+    let dir = base.path().join("nested/locks");
+    let l = Locker::connect(&format!("file://{}", dir.display()))
+        .await
+        .unwrap();
+    assert_eq!(l.backend(), BackendKind::Local);
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "a directory we create is private");
+
+    let g = l.lock("report").await.unwrap();
+    let file = dir.join(l.key_of("report").unwrap());
+    assert!(file.is_file());
+    g.release().await.unwrap();
+    assert!(file.is_file(), "lock files stay after release");
+    assert!(l.list().await.unwrap().is_empty(), "nothing held, nothing listed");
+
+    let not_a_dir = base.path().join("plain-file");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    let err = Locker::local_builder(Some(not_a_dir.clone()))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains(&*not_a_dir.to_string_lossy())),
+        "{err}"
+    );
+
+    let xact = LockOptions::try_once().transaction(true);
+    let err = l.acquire("report", &xact).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    let err = l.try_lock(LockName::raw_i64(7)).await.unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+}
