@@ -1,0 +1,910 @@
+//! The `dbmutex` binary as scripts use it: real processes, real servers.
+//!
+//! Every test takes a [`Backend`] and is stamped out once per backend by
+//! `backend_tests!` at the bottom. Database URLs come from
+//! `DBMUTEX_TEST_PG_URL` and `DBMUTEX_TEST_MYSQL_URL` (defaults: the local
+//! servers); a server that does not answer makes its tests fail, never skip.
+//! Every test uses lock names of its own, so tests run in parallel.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
+
+// ---------------------------------------------------------------------------
+// Harness
+
+/// One backend the binary can use, with the environment that selects it.
+struct Backend {
+    kind: &'static str,
+    /// `None` for the local backend.
+    url: Option<String>,
+    /// A fresh directory per test: lock files (local), markers (all).
+    dir: PathBuf,
+}
+
+impl Backend {
+    fn new(kind: &'static str) -> Backend {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "dbmutex-cli-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create a temp dir");
+        let url = match kind {
+            "postgres" => Some(
+                std::env::var("DBMUTEX_TEST_PG_URL")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+            ),
+            "mysql" => Some(
+                std::env::var("DBMUTEX_TEST_MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+            ),
+            "local" => None,
+            other => panic!("unknown backend {other}"),
+        };
+        Backend { kind, url, dir }
+    }
+
+    /// A unique lock name for this test.
+    fn name(&self, tag: &str) -> String {
+        format!(
+            "cli-{tag}-{}-{}",
+            std::process::id(),
+            self.dir.file_name().unwrap().to_string_lossy()
+        )
+    }
+
+    /// A path for a marker file in this test's directory.
+    fn marker(&self, tag: &str) -> PathBuf {
+        self.dir.join(tag)
+    }
+
+    /// `dbmutex ARGS` with this backend selected through the environment.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env_remove("DBMUTEX_DATABASE_URL")
+            .env_remove("DATABASE_URL")
+            .env_remove("WITH_ADVISORY_LOCK_PREFIX")
+            .env("DBMUTEX_LOCK_DIR", self.dir.join("locks"))
+            .stdin(Stdio::null());
+        if let Some(u) = &self.url {
+            c.env("DBMUTEX_DATABASE_URL", u);
+        }
+        c
+    }
+
+    /// Runs `dbmutex ARGS` to completion.
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("start dbmutex")
+    }
+
+    /// Starts `dbmutex run NAME -- sh -c SCRIPT` (plus `opts` before NAME)
+    /// and waits until the script has started, i.e. the lock is held.
+    fn hold(&self, name: &str, opts: &[&str], script: &str) -> Proc {
+        let started = self.marker(&format!("started-{}", unique()));
+        let script = format!("touch '{}'; {script}", started.display());
+        let mut args = vec!["run"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&[name, "--", "sh", "-c", &script]);
+        let child = self
+            .cmd(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start dbmutex");
+        let mut p = Proc(Some(child));
+        if !eventually(Duration::from_secs(15), || started.exists()) {
+            let out = p.finish();
+            panic!(
+                "[{}] the holder's command never started: {}",
+                self.kind,
+                describe(&out.status, &out.stderr)
+            );
+        }
+        p
+    }
+
+    /// Runs SQL on the test server with its command-line client.
+    fn sql(&self, query: &str) -> String {
+        let url = self.url.as_deref().expect("a database backend");
+        let out = match self.kind {
+            "postgres" => Command::new("psql").args([url, "-Atqc", query]).output(),
+            _ => {
+                let u = MysqlUrl::parse(url);
+                let mut c = Command::new("mariadb");
+                c.args(["-h", &u.host, "-P", &u.port, "-u", &u.user, &u.db, "-Nse", query]);
+                if let Some(p) = &u.password {
+                    c.env("MYSQL_PWD", p);
+                }
+                c.output()
+            }
+        }
+        .unwrap_or_else(|e| panic!("[{}] cannot start the SQL client: {e}", self.kind));
+        assert!(
+            out.status.success(),
+            "[{}] {query}: {}",
+            self.kind,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// Ends the server session that holds `name` (the lock is then lost).
+    fn kill_holder_session(&self, name: &str) {
+        let key = self.key_json(name);
+        match self.kind {
+            "postgres" => {
+                let k1 = key["postgres"]["k1"].as_i64().unwrap();
+                let k2 = key["postgres"]["k2"].as_i64().unwrap();
+                let killed = self.sql(&format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND classid = {k1} AND objid = {k2} AND objsubid = 2 AND granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ));
+                assert_eq!(killed, "1", "one backend held {name}");
+            }
+            _ => {
+                let s = key["mysql"].as_str().unwrap().replace('\'', "''");
+                let id = self.sql(&format!("SELECT IS_USED_LOCK('{s}')"));
+                assert!(id.parse::<u64>().is_ok(), "no holder of {name}: {id}");
+                self.sql(&format!("KILL {id}"));
+            }
+        }
+    }
+
+    fn key_json(&self, name: &str) -> serde_json::Value {
+        let out = self.run(&["key", "--json", name]);
+        assert_eq!(code(&out), 0, "{}", describe(&out.status, &out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Asserts that `name` can be taken right now (`run -n` succeeds).
+    fn assert_free(&self, name: &str) {
+        let out = self.run(&["run", "-n", name, "--", "true"]);
+        assert_eq!(
+            code(&out),
+            0,
+            "[{}] {name} should be free: {}",
+            self.kind,
+            describe(&out.status, &out.stderr)
+        );
+    }
+
+    /// Asserts that `name` is held by someone else right now.
+    fn assert_held(&self, name: &str) {
+        let out = self.run(&["run", "-n", name, "--", "true"]);
+        assert_eq!(
+            code(&out),
+            75,
+            "[{}] {name} should be held: {}",
+            self.kind,
+            describe(&out.status, &out.stderr)
+        );
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running dbmutex; killed (SIGKILL) if the test ends without waiting for it.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn pid(&self) -> i32 {
+        self.0.as_ref().unwrap().id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+    }
+
+    /// Waits for the process (at most 30 s) and returns its output.
+    fn finish(&mut self) -> Output {
+        let mut child = self.0.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("dbmutex did not finish within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct MysqlUrl {
+    host: String,
+    port: String,
+    user: String,
+    password: Option<String>,
+    db: String,
+}
+
+impl MysqlUrl {
+    fn parse(url: &str) -> MysqlUrl {
+        let rest = url.split_once("://").unwrap().1;
+        let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("root", rest));
+        let (user, password) = match auth.split_once(':') {
+            Some((u, p)) => (u.to_owned(), Some(p.to_owned())),
+            None => (auth.to_owned(), None),
+        };
+        let (hostport, db) = hostpath.split_once('/').unwrap_or((hostpath, "test"));
+        let db = db.split('?').next().unwrap().to_owned();
+        let (host, port) = hostport.split_once(':').unwrap_or((hostport, "3306"));
+        MysqlUrl {
+            host: host.into(),
+            port: port.into(),
+            user,
+            password,
+            db,
+        }
+    }
+}
+
+fn unique() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The exit code, or -N when dbmutex itself died of signal N.
+fn code(out: &Output) -> i32 {
+    status_code(&out.status)
+}
+
+fn status_code(s: &ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code().unwrap_or_else(|| -s.signal().unwrap_or(0))
+}
+
+fn describe(status: &ExitStatus, stderr: &[u8]) -> String {
+    format!("status {status}, stderr: {}", String::from_utf8_lossy(stderr))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes.
+fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests, run on every backend
+
+/// Row "the command's status": exit codes and 128+N pass through.
+fn child_status_passes_through(b: &Backend) {
+    let name = b.name("status");
+    for (args, want) in [
+        (vec!["run", &name, "--", "true"], 0),
+        (vec!["run", &name, "--", "false"], 1),
+        (vec!["run", &name, "-c", "exit 7"], 7),
+        (vec!["run", &name, "--", "sh", "-c", "exit 255"], 255),
+        (vec!["run", &name, "--", "sh", "-c", "kill -TERM $$"], 143),
+        (vec!["run", &name, "--", "sh", "-c", "kill -KILL $$"], 137),
+    ] {
+        let out = b.run(&args);
+        assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
+    }
+    b.assert_free(&name);
+}
+
+/// Row 75: `-n` conflict, `-w 0`, `-E N`; the command does not run.
+fn conflict_exits_75_or_e(b: &Backend) {
+    let name = b.name("conflict");
+    let mut holder = b.hold(&name, &[], "exec sleep 30");
+    let ran = b.marker("ran");
+    let touch = format!("touch '{}'", ran.display());
+    for (args, want) in [
+        (vec!["run", "-n", &name, "-c", &touch], 75),
+        (vec!["run", "--no-wait", &name, "-c", &touch], 75),
+        (vec!["run", "-w", "0", &name, "-c", &touch], 75),
+        (vec!["run", "-n", "-E", "3", &name, "-c", &touch], 3),
+        (
+            vec!["run", "-n", "--conflict-exit-code", "0", &name, "-c", &touch],
+            0,
+        ),
+    ] {
+        let out = b.run(&args);
+        assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty());
+    }
+    let quiet = b.run(&["run", "-q", "-n", &name, "-c", &touch]);
+    assert_eq!(code(&quiet), 75);
+    assert!(quiet.stderr.is_empty(), "-q: {}", stderr(&quiet));
+    assert!(!ran.exists(), "the command ran without the lock");
+    holder.signal(libc::SIGTERM);
+    assert_eq!(code(&holder.finish()), 143);
+    b.assert_free(&name);
+}
+
+/// `-w 0.3`: gives up after 0.3 s (not before, not much later).
+fn timeout_takes_fractions(b: &Backend) {
+    let name = b.name("timeout");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let start = Instant::now();
+    let out = b.run(&["run", "-w", "0.3", &name, "--", "true"]);
+    let took = start.elapsed();
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    assert!(took >= Duration::from_millis(300), "gave up after {took:?}");
+    assert!(took < Duration::from_millis(1500), "gave up after {took:?}");
+}
+
+/// A waiter says once what it waits for, then gets the lock within a moment
+/// of its release.
+fn waiter_takes_over_at_release(b: &Backend) {
+    let name = b.name("handoff");
+    let released = b.marker("released");
+    let mut holder = b.hold(&name, &[], &format!("sleep 2; touch '{}'", released.display()));
+    let out = b.run(&["run", "-v", &name, "--", "true"]);
+    let after_release = released
+        .metadata()
+        .expect("holder finished")
+        .modified()
+        .unwrap()
+        .elapsed()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("waiting for lock").count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+        "{err}"
+    );
+    assert!(err.contains("acquired lock"), "{err}");
+    assert!(err.contains("released lock"), "{err}");
+    assert!(err.lines().all(|l| l.starts_with("dbmutex: ")), "{err}");
+    assert!(
+        after_release < Duration::from_millis(1000),
+        "hand-off took {after_release:?}"
+    );
+    assert_eq!(code(&holder.finish()), 0);
+}
+
+/// Row 64: usage errors, before any connection.
+fn usage_errors_exit_64(b: &Backend) {
+    let name = b.name("usage");
+    for args in [
+        vec!["run", "", "--", "true"],
+        vec!["run", &name],
+        vec!["run", "-w", "-1", &name, "--", "true"],
+        vec!["run", "-w", "nan", &name, "--", "true"],
+        vec!["run", "-w", "inf", &name, "--", "true"],
+        vec!["run", "-w", "1e12", &name, "--", "true"],
+        vec!["run", "-w", "soon", &name, "--", "true"],
+        vec!["run", "-n", "-w", "1", &name, "--", "true"],
+        vec!["run", "-E", "256", &name, "--", "true"],
+        vec!["run", "-c", "true", &name, "--", "true"],
+        vec!["run", "--bogus", &name, "--", "true"],
+        vec!["run", "-v", "-q", &name, "--", "true"],
+        vec!["status", ""],
+        vec!["key", ""],
+        vec!["frobnicate"],
+        vec![],
+    ] {
+        let out = b.run(&args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{args:?} wrote to stdout");
+        assert!(
+            stderr(&out).starts_with("dbmutex: ") || args.is_empty(),
+            "{}",
+            stderr(&out)
+        );
+    }
+    for args in [vec!["--help"], vec!["run", "--help"], vec!["--version"]] {
+        let out = b.run(&args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+    }
+    let help = String::from_utf8(b.run(&["--help"]).stdout).unwrap();
+    for needle in ["Exit status", "75 (or -E N)", "64", "69", "70", "Examples:"] {
+        assert!(help.contains(needle), "--help lacks {needle:?}");
+    }
+}
+
+/// 126 for a command that cannot be executed, 127 for one not found; the
+/// lock is released either way.
+fn unrunnable_commands_exit_126_127(b: &Backend) {
+    let name = b.name("exec");
+    let out = b.run(&["run", &name, "--", "/nonexistent/command"]);
+    assert_eq!(code(&out), 127, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot run /nonexistent/command"),
+        "{}",
+        stderr(&out)
+    );
+    let not_exec = b.marker("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    let out = b.run(&["run", &name, "--", not_exec.to_str().unwrap()]);
+    assert_eq!(code(&out), 126, "{}", stderr(&out));
+    b.assert_free(&name);
+}
+
+/// SIGTERM, SIGINT and SIGHUP to dbmutex reach the command; dbmutex waits
+/// for it, releases, and exits with its status.
+fn signals_are_forwarded(b: &Backend) {
+    for (sig, want) in [(libc::SIGTERM, 143), (libc::SIGINT, 130), (libc::SIGHUP, 129)] {
+        let name = b.name(&format!("forward{sig}"));
+        let mut p = b.hold(&name, &[], "exec sleep 30");
+        p.signal(sig);
+        let out = p.finish();
+        assert_eq!(code(&out), want, "signal {sig}: {}", stderr(&out));
+        b.assert_free(&name);
+    }
+    // A command that handles the signal decides the status.
+    let name = b.name("forward-trap");
+    let got = b.marker("got-term");
+    let mut p = b.hold(
+        &name,
+        &[],
+        &format!(
+            "trap 'touch \"{}\"; kill $!; exit 5' TERM; sleep 30 & wait",
+            got.display()
+        ),
+    );
+    p.signal(libc::SIGTERM);
+    assert_eq!(code(&p.finish()), 5);
+    assert!(got.exists(), "the command did not get SIGTERM");
+    b.assert_free(&name);
+}
+
+/// A signal while waiting ends the wait: exit 128+N, the command never runs.
+fn signal_while_waiting_exits_128_plus_n(b: &Backend) {
+    let name = b.name("waitsig");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let ran = b.marker("ran");
+    let mut waiter = Proc(Some(
+        b.cmd(&["run", &name, "-c", &format!("touch '{}'", ran.display())])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    waiter.signal(libc::SIGTERM);
+    let start = Instant::now();
+    let out = waiter.finish();
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(!ran.exists(), "the command ran");
+    b.assert_held(&name);
+}
+
+/// kill -9 of dbmutex: the lock is freed and the command gets SIGTERM.
+fn kill_9_frees_lock_and_stops_command(b: &Backend) {
+    let name = b.name("kill9");
+    let got = b.marker("got-term");
+    let mut p = b.hold(
+        &name,
+        &[],
+        &format!(
+            "trap 'touch \"{}\"; exit 0' TERM; while :; do sleep 0.05; done",
+            got.display()
+        ),
+    );
+    p.signal(libc::SIGKILL);
+    assert_eq!(code(&p.finish()), -libc::SIGKILL);
+    assert!(
+        eventually(Duration::from_secs(3), || got.exists()),
+        "the command did not get SIGTERM when dbmutex died"
+    );
+    let start = Instant::now();
+    let freed = eventually(Duration::from_secs(3), || {
+        code(&b.run(&["run", "-n", &name, "--", "true"])) == 0
+    });
+    assert!(freed, "the lock was not freed within 3 s of kill -9");
+    eprintln!("[{}] lock free {:?} after kill -9", b.kind, start.elapsed());
+}
+
+/// Stdout and stdin belong to the command: bytes pass untouched, and
+/// dbmutex writes nothing to stdout, even with -v.
+fn stdio_belongs_to_the_command(b: &Backend) {
+    let name = b.name("stdio");
+    let out = b.run(&["run", "-v", &name, "--", "printf", "a\\000b\\n\\377"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(out.stdout, b"a\0b\n\xff");
+    assert!(stderr(&out).contains("acquired lock"), "{}", stderr(&out));
+
+    let mut p = b
+        .cmd(&["run", &name, "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.stdin
+        .take()
+        .unwrap()
+        .write_all(b"line one\nline two\n")
+        .unwrap();
+    let mut got = Vec::new();
+    p.stdout.take().unwrap().read_to_end(&mut got).unwrap();
+    assert!(p.wait().unwrap().success());
+    assert_eq!(got, b"line one\nline two\n");
+}
+
+/// Names with quotes, comment markers, unicode, 300 characters: each is a
+/// real lock (held → others refused; released → free).
+fn odd_names_are_locks(b: &Backend) {
+    let long = format!("{}-{}", b.name("long"), "x".repeat(300));
+    for (i, odd) in [
+        "it's a \"quoted\" name; DROP TABLE x; --".to_owned(),
+        "a */ b /* c */".to_owned(),
+        "ünïcødé 🔒 名前".to_owned(),
+        long,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let name = format!("{odd} {}", b.name(&i.to_string()));
+        let mut holder = b.hold(&name, &[], "exec sleep 30");
+        b.assert_held(&name);
+        let status = b.run(&["status", &name]);
+        assert_eq!(code(&status), 1, "{name}: {}", stderr(&status));
+        holder.signal(libc::SIGTERM);
+        assert_eq!(code(&holder.finish()), 143);
+        b.assert_free(&name);
+    }
+}
+
+/// `status`: free → 0, held → 1 with the holder; `--json` agrees.
+fn status_reports_holders(b: &Backend) {
+    let name = b.name("stat");
+    let out = b.run(&["status", &name]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "free\n");
+
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let out = b.run(&["status", &name]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("held\nexclusive: pid "), "{text}");
+
+    let out = b.run(&["status", "--json", &name]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["held"], true);
+    assert_eq!(v["name"], name.as_str());
+    assert_eq!(v["backend"], b.kind);
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{v}");
+    assert_eq!(holders[0]["mode"], "exclusive");
+    assert!(holders[0]["pid"].as_i64().is_some(), "{v}");
+}
+
+/// `list` and `list --json` show a held lock under its key (and name where
+/// the backend can tell it).
+fn list_shows_held_locks(b: &Backend) {
+    let name = b.name("list");
+    let key = b.key_json(&name);
+    let key = match b.kind {
+        "postgres" => format!("{} {}", key["postgres"]["k1"], key["postgres"]["k2"]),
+        "mysql" => key["mysql"].as_str().unwrap().to_owned(),
+        _ => key["local"].as_str().unwrap().to_owned(),
+    };
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let out = b.run(&["list", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mine: Vec<_> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["key"] == key.as_str())
+        .collect();
+    assert_eq!(mine.len(), 1, "{key} not in {v}");
+    assert_eq!(mine[0]["mode"], "exclusive");
+    // MySQL and local holders have no application name to show.
+    if b.kind == "postgres" {
+        assert_eq!(mine[0]["application"], "dbmutex-cli", "{v}");
+    }
+    if let Some(n) = mine[0]["name"].as_str() {
+        assert_eq!(n, name);
+    }
+    let out = b.run(&["list"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains(&key) && l.contains("exclusive")),
+        "{text}"
+    );
+}
+
+/// `--prefix` (and env WITH_ADVISORY_LOCK_PREFIX) separate key spaces.
+fn prefix_separates_locks(b: &Backend) {
+    let name = b.name("prefix");
+    let _holder = b.hold(&name, &["--prefix", "11"], "exec sleep 30");
+    let out = b.run(&["--prefix", "12", "run", "-n", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = b.run(&["run", "--prefix", "11", "-n", &name, "--", "true"]);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    let out = b
+        .cmd(&["run", "-n", &name, "--", "true"])
+        .env("WITH_ADVISORY_LOCK_PREFIX", "11")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+}
+
+// ---------------------------------------------------------------------------
+// Tests for some backends
+
+/// Row 70: the holder's server session ends → the command gets SIGTERM,
+/// dbmutex exits 70.
+fn lock_loss_stops_command_exit_70(b: &Backend) {
+    let name = b.name("loss");
+    let got = b.marker("got-term");
+    let mut p = b.hold(
+        &name,
+        &[],
+        &format!(
+            "trap 'touch \"{}\"; kill $!; exit 0' TERM; sleep 30 & wait",
+            got.display()
+        ),
+    );
+    b.kill_holder_session(&name);
+    let start = Instant::now();
+    let out = p.finish();
+    assert_eq!(code(&out), 70, "{}", stderr(&out));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "noticed after {:?}",
+        start.elapsed()
+    );
+    assert!(got.exists(), "the command did not get SIGTERM");
+    assert!(stderr(&out).contains("was lost"), "{}", stderr(&out));
+    b.assert_free(&name);
+
+    // A command that ignores SIGTERM gets SIGKILL after --kill-after.
+    let name = b.name("loss-kill");
+    let mut p = b.hold(&name, &["--kill-after", "0.5"], "trap '' TERM; exec sleep 30");
+    b.kill_holder_session(&name);
+    let out = p.finish();
+    assert_eq!(code(&out), 70, "{}", stderr(&out));
+    assert!(stderr(&out).contains("SIGKILL"), "{}", stderr(&out));
+}
+
+/// Row 69: an unreachable server fails fast, and the command does not run.
+fn unreachable_server_exits_69(b: &Backend) {
+    let url = b.url.as_deref().unwrap();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let db = rest.rsplit_once('/').map_or("test", |(_, db)| db);
+    let dead = format!("{scheme}://root:s3cret@127.0.0.1:1/{db}");
+    let ran = b.marker("ran");
+    let start = Instant::now();
+    let out = b.run(&[
+        "--database-url",
+        &dead,
+        "run",
+        &b.name("dead"),
+        "-c",
+        &format!("touch '{}'", ran.display()),
+    ]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(!ran.exists());
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("dbmutex: ") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "password in message: {err}");
+    for args in [vec!["status", "x"], vec!["list"]] {
+        let mut full = vec!["--database-url", &dead];
+        full.extend(args);
+        assert_eq!(code(&b.run(&full)), 69);
+    }
+}
+
+/// `-s`: shared holders coexist; an exclusive request is refused meanwhile.
+fn shared_and_exclusive(b: &Backend) {
+    let name = b.name("shared");
+    let _a = b.hold(&name, &["-s"], "exec sleep 30");
+    let _c = b.hold(&name, &["--shared"], "exec sleep 30");
+    let out = b.run(&["status", "--json", &name]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{v}");
+    assert!(holders.iter().all(|h| h["mode"] == "shared"), "{v}");
+    b.assert_held(&name);
+    let out = b.run(&["run", "-n", "-x", &name, "--", "true"]);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    let out = b.run(&["run", "-n", "-s", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // -x after -s wins, as in flock(1).
+    let out = b.run(&["run", "-n", "-s", "-x", &name, "--", "true"]);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+}
+
+/// An option the backend lacks is a usage error, even with the server down.
+fn unsupported_options_exit_64(b: &Backend) {
+    let name = b.name("unsupported");
+    let mut cases = vec![vec!["run", "--transaction", &name, "--", "true"]];
+    if b.kind == "mysql" {
+        cases.push(vec!["run", "-s", &name, "--", "true"]);
+        cases.push(vec![
+            "--database-url",
+            "mysql://root@127.0.0.1:1/test",
+            "run",
+            "-s",
+            &name,
+            "--",
+            "true",
+        ]);
+    }
+    for args in cases {
+        let out = b.run(&args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// `--transaction` (PostgreSQL): a transaction-level lock, held in an open
+/// transaction while the command runs.
+fn transaction_lock(b: &Backend) {
+    let name = b.name("xact");
+    let mut holder = b.hold(&name, &["--transaction"], "exec sleep 30");
+    b.assert_held(&name);
+    let key = b.key_json(&name);
+    let state = b.sql(&format!(
+        "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+         WHERE l.locktype = 'advisory' AND l.classid = {} AND l.objsubid = 2",
+        key["postgres"]["k1"]
+    ));
+    assert_eq!(state, "idle in transaction");
+    let out = b.run(&["run", "--transaction", "-w", "0.2", &name, "--", "true"]);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    holder.signal(libc::SIGTERM);
+    assert_eq!(code(&holder.finish()), 143);
+    let out = b.run(&["run", "--transaction", "-n", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+/// A lock directory that cannot be created is an error before the command.
+fn unusable_lock_dir_exits_69(b: &Backend) {
+    let out = b
+        .cmd(&["run", &b.name("nodir"), "--", "true"])
+        .env("DBMUTEX_LOCK_DIR", "/proc/self/status/locks")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+}
+
+// ---------------------------------------------------------------------------
+// Backend-independent
+
+#[test]
+fn key_maps_names_on_each_backend() {
+    let b = Backend::new("local");
+    let out = b.run(&["key", "test"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // The gem's vector: crc32("test") & 0x7fffffff = 1484750348.
+    assert_eq!(lines[0], "postgres 1484750348 0");
+    assert_eq!(lines[1], "mysql test");
+    assert!(
+        lines[2].starts_with("local test-") && lines[2].ends_with(".lock"),
+        "{text}"
+    );
+
+    let v: serde_json::Value =
+        serde_json::from_slice(&b.run(&["key", "--json", "--prefix", "7", "test"]).stdout).unwrap();
+    assert_eq!(v["postgres"]["k1"], 1484750348);
+    assert_eq!(v["postgres"]["k2"], 7);
+    assert_eq!(v["mysql"], "7test");
+    assert_eq!(v["prefix"], "7");
+
+    let out = b
+        .cmd(&["key", "--json", "test"])
+        .env("WITH_ADVISORY_LOCK_PREFIX", "42")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["postgres"]["k2"], 42);
+    assert_eq!(v["mysql"], "42test");
+
+    let long = "n".repeat(300);
+    let v: serde_json::Value = serde_json::from_slice(&b.run(&["key", "--json", &long]).stdout).unwrap();
+    assert_eq!(v["mysql"].as_str().unwrap().chars().count(), 64);
+}
+
+#[test]
+fn exit_table_is_in_help() {
+    let out = Command::new(BIN).arg("run").arg("--help").output().unwrap();
+    assert_eq!(code(&out), 0);
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--no-wait",
+        "--timeout",
+        "--shared",
+        "--exclusive",
+        "--conflict-exit-code",
+        "--transaction",
+        "--prefix",
+        "--verbose",
+        "--quiet",
+        "--database-url",
+    ] {
+        assert!(help.contains(flag), "run --help lacks {flag}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One #[test] per backend and test
+
+/// `backend_tests!([common tests...] backend: [extra tests...], ...)`
+/// stamps out `backend::test` for every common and extra test.
+macro_rules! backend_tests {
+    (@one $kind:ident [$($common:ident),* $(,)?] [$($extra:ident),*]) => {
+        mod $kind {
+            $(
+                #[test]
+                fn $common() {
+                    super::$common(&super::Backend::new(stringify!($kind)));
+                }
+            )*
+            $(
+                #[test]
+                fn $extra() {
+                    super::$extra(&super::Backend::new(stringify!($kind)));
+                }
+            )*
+        }
+    };
+    ($common:tt $($kind:ident: [$($extra:ident),* $(,)?]),* $(,)?) => {
+        $( backend_tests!(@one $kind $common [$($extra),*]); )*
+    };
+}
+
+backend_tests! {
+    [
+        child_status_passes_through,
+        conflict_exits_75_or_e,
+        timeout_takes_fractions,
+        waiter_takes_over_at_release,
+        usage_errors_exit_64,
+        unrunnable_commands_exit_126_127,
+        signals_are_forwarded,
+        signal_while_waiting_exits_128_plus_n,
+        kill_9_frees_lock_and_stops_command,
+        stdio_belongs_to_the_command,
+        odd_names_are_locks,
+        status_reports_holders,
+        list_shows_held_locks,
+        prefix_separates_locks,
+    ]
+    postgres: [lock_loss_stops_command_exit_70, unreachable_server_exits_69, shared_and_exclusive, transaction_lock],
+    mysql: [lock_loss_stops_command_exit_70, unreachable_server_exits_69, unsupported_options_exit_64],
+    local: [shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
+}
