@@ -306,8 +306,9 @@ async fn cancelled_acquires_leave_nothing_held() {
     let dir = TempDir::new("cancel");
     let (holder, a, probe) = (local(&dir).await, local(&dir).await, local(&dir).await);
 
-    // Uncontended, cancelled at its first await point (the file work on the
-    // blocking pool): the lock that work may still take must not stay.
+    // Uncontended, cancelled at its first await point: while the file work
+    // runs on the blocking pool (which may still take the lock), or just
+    // after it took the lock. Either way the lock must not stay.
     let mut cancelled = 0;
     for _ in 0..20 {
         match poll_once(a.lock("free")).await {

@@ -111,8 +111,9 @@ impl LockFile {
         }
     }
 
-    /// Unlocks and closes. The explicit unlock matters when a child process
-    /// inherited the descriptor: closing ours alone would leave the lock to it.
+    /// Unlocks and closes. Closing alone frees the lock only when no copy of
+    /// the descriptor is left, and a child being spawned holds one between its
+    /// fork and its exec; the unlock frees it whatever copies exist.
     pub(crate) fn unlock(self) -> io::Result<()> {
         self.file.unlock()
     }

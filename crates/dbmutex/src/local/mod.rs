@@ -197,12 +197,19 @@ impl LocalBackend {
             },
         )
         .await?;
-        Ok(got.map(|file| {
-            Box::new(LocalHeld {
-                file: Some(file),
-                hold: Some(hold),
-            }) as Box<dyn Held>
-        }))
+        let Some(file) = got else {
+            return Ok(None);
+        };
+        let held = Box::new(LocalHeld {
+            file: Some(file),
+            hold: Some(hold),
+        });
+        // One await point with the lock taken, even when the blocking-pool
+        // work finished before it was awaited (a woken pool thread often runs
+        // first): cancellation there must free the lock, and the shared
+        // behaviour tests cancel each backend's acquire at each await point.
+        tokio::task::yield_now().await;
+        Ok(Some(held))
     }
 
     pub(crate) async fn is_locked(&self, name: &LockName, settings: &Settings) -> Result<bool> {
