@@ -110,7 +110,13 @@ pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
 
 /// "pid 123, app x, user u, client 127.0.0.1:5000, since ..." with what is known.
 fn holder_text(h: &Holder) -> String {
-    let mut parts = vec![format!("pid {}", h.pid)];
+    // The local backend cannot tell shared holders' pids apart: pid 0.
+    let pid = if h.pid > 0 {
+        h.pid.to_string()
+    } else {
+        "unknown".into()
+    };
+    let mut parts = vec![format!("pid {pid}")];
     let fields = [
         ("app", &h.application),
         ("user", &h.user),
