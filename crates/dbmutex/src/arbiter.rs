@@ -22,6 +22,8 @@ pub(crate) struct Slot {
     pub(crate) local: Notify,
     /// Woken when another process may have released (PostgreSQL `NOTIFY`).
     pub(crate) remote: Notify,
+    /// Another process has said it waits for this key: tell it on release.
+    pub(crate) wanted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]

@@ -48,8 +48,10 @@ pub struct Holder {
     pub user: Option<String>,
     /// The holder's client address (`host:port` or `local`).
     pub client: Option<String>,
-    /// Since when, as the server formats its timestamp: lock wait start or
-    /// backend start on PostgreSQL, connection start on MySQL.
+    /// Since when, as the server tells it (its own text): on PostgreSQL the
+    /// holder's transaction start, else its connection start; on MySQL the
+    /// start of the holder connection's current command; on the local
+    /// backend the holder's note, when it wrote one.
     pub since: Option<String>,
 }
 
@@ -118,7 +120,7 @@ impl<T> Outcome<T> {
 /// Backend operations behind a [`Locker`].
 pub(crate) enum Backend {
     #[cfg(feature = "postgres")]
-    Postgres(crate::postgres::PgBackend),
+    Postgres(Box<crate::postgres::PgBackend>),
     #[cfg(feature = "mysql")]
     Mysql(crate::mysql::MyBackend),
     Local(crate::local::LocalBackend),
@@ -144,6 +146,7 @@ pub(crate) struct Settings {
     pub(crate) keepalive: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) application_name: String,
+    pub(crate) name_comments: bool,
 }
 
 struct Inner {
@@ -228,17 +231,16 @@ pub fn redact_url(url: &str) -> String {
 }
 
 fn redact_userinfo(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
+    // Without a scheme, the whole text up to the first '/' may be user-info.
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[scheme_end..];
     let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let auth = &rest[..auth_end];
     match auth.rfind('@') {
         Some(at) => {
             let userinfo = &auth[..at];
             match userinfo.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..scheme_end + 3], &userinfo[..c], &rest[at..]),
+                Some(c) => format!("{}{}:***{}", &url[..scheme_end], &userinfo[..c], &rest[at..]),
                 None => url.to_owned(),
             }
         }
@@ -262,6 +264,7 @@ impl LockerBuilder {
                 keepalive: Duration::from_secs(1),
                 connect_timeout: Duration::from_secs(5),
                 application_name: "dbmutex".into(),
+                name_comments: true,
             },
         }
     }
@@ -300,6 +303,18 @@ impl LockerBuilder {
         self
     }
 
+    /// Whether PostgreSQL lock statements carry the lock name in an SQL
+    /// comment (default `true`, as the gem does): `pg_stat_activity` and
+    /// `dbmutex list` then show which name a session locked last. The
+    /// comment makes each statement's text unique, so it runs unprepared
+    /// (one round trip, parsed each time); with `false`, lock statements are
+    /// prepared once per connection, which is cheaper for the server. See
+    /// BENCHMARKS.md for what the comment costs.
+    pub fn name_comments(mut self, on: bool) -> Self {
+        self.settings.name_comments = on;
+        self
+    }
+
     /// Creates the locker. Database backends connect now, so a wrong URL,
     /// an unreachable server or bad credentials fail here.
     pub async fn connect(self) -> Result<Locker> {
@@ -307,17 +322,21 @@ impl LockerBuilder {
             Target::Local(dir) => {
                 Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)
             }
-            Target::Url(url) => match url.split_once("://").map(|(s, _)| s) {
+            Target::Url(url) => match url
+                .split_once("://")
+                .map(|(s, _)| s.to_ascii_lowercase())
+                .as_deref()
+            {
                 #[cfg(feature = "postgres")]
-                Some("postgres" | "postgresql") => {
-                    Backend::Postgres(crate::postgres::PgBackend::connect(url, &self.settings).await?)
-                }
+                Some("postgres" | "postgresql") => Backend::Postgres(Box::new(
+                    crate::postgres::PgBackend::connect(url, &self.settings).await?,
+                )),
                 #[cfg(feature = "mysql")]
                 Some("mysql" | "mariadb") => {
                     Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings).await?)
                 }
                 Some("file") => Backend::Local(crate::local::LocalBackend::new(
-                    Some(PathBuf::from(&url["file://".len()..])),
+                    Some(PathBuf::from(file_url_path(url)?)),
                     &self.settings,
                 )?),
                 Some(s) => {
@@ -557,6 +576,34 @@ impl Locker {
     }
 }
 
+/// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
+/// with `%XX` escapes decoded.
+fn file_url_path(url: &str) -> Result<String> {
+    let rest = &url["file://".len()..];
+    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !rest.starts_with('/') {
+        return Err(Error::Config(format!(
+            "file URL {url:?} must name an absolute path: file:///path/to/lock/dir"
+        )));
+    }
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| Error::Config(format!("file URL {url:?} is not UTF-8 once decoded")))
+}
+
 /// Undoes a cap reservation unless forgotten.
 struct Reservation<'a>(&'a AtomicUsize);
 
@@ -571,6 +618,17 @@ mod tests {
     use super::redact_url;
 
     #[test]
+    fn file_urls() {
+        use super::file_url_path;
+        assert_eq!(file_url_path("file:///tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file://localhost/tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file:///tmp/a%20b").unwrap(), "/tmp/a b");
+        assert_eq!(file_url_path("file:///tmp/100%").unwrap(), "/tmp/100%");
+        assert_eq!(file_url_path("file:///tmp/%é").unwrap(), "/tmp/%é");
+        assert!(file_url_path("file://relative").is_err());
+    }
+
+    #[test]
     fn redaction() {
         assert_eq!(redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(
@@ -578,6 +636,8 @@ mod tests {
             "mysql://u:***@h:3306/db?x=1"
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("u:secret@h/db"), "u:***@h/db");
+        assert_eq!(redact_url("POSTGRES://u:secret@h"), "POSTGRES://u:***@h");
         assert_eq!(
             redact_url("postgres://h/db?sslmode=require&password=x"),
             "postgres://h/db?sslmode=require&password=***"

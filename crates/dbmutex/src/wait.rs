@@ -11,9 +11,10 @@ use crate::Result;
 /// The first sleep between two attempts.
 const FIRST_BACKOFF: Duration = Duration::from_millis(2);
 
-/// The absolute deadline for a wait bound (`None`: wait forever).
+/// The absolute deadline for a wait bound (`None`: wait forever). A bound
+/// too far away for the clock (centuries) is the same as forever.
 pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(|d| Instant::now() + d)
+    timeout.and_then(|d| Instant::now().checked_add(d))
 }
 
 /// A sleep of `base`, scaled by a random factor in [0.5, 1.0) so waiters that
@@ -95,6 +96,18 @@ mod tests {
             Duration::from_millis(300),
             "last attempt at the deadline"
         );
+    }
+
+    #[test]
+    fn huge_bounds_do_not_overflow() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            assert!(deadline(Some(Duration::MAX)).is_none());
+            assert!(deadline(Some(Duration::from_secs(1))).is_some());
+        });
     }
 
     #[tokio::test(start_paused = true)]

@@ -413,3 +413,134 @@ async fn locker_transaction_lock_lives_in_its_own_transaction() {
     drop(g);
     assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
 }
+
+/// A waiter in another process wakes on the releasing process's NOTIFY, not
+/// on its next poll: with a 10 s backoff cap, polling alone would be late.
+#[tokio::test]
+async fn waiter_in_another_session_wakes_on_notify() {
+    let (holder, waiter) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    for round in 0..3 {
+        let name = unique("notify");
+        let g = holder.lock(name.as_str()).await.unwrap();
+        let n2 = name.clone();
+        let w = waiter.clone();
+        let task = tokio::spawn(async move {
+            let opts = LockOptions::new().max_backoff(Duration::from_secs(10));
+            let g = w.acquire(n2.as_str(), &opts).await.unwrap().unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        // Long enough for the waiter's backoff to grow past a second.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!task.is_finished());
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let handoff = task.await.unwrap() - released;
+        assert!(
+            handoff < Duration::from_millis(150),
+            "round {round}: hand-off took {handoff:?}"
+        );
+    }
+}
+
+/// A holder that does not notify (raw SQL, as the gem or psql) is still
+/// noticed, by polling.
+#[tokio::test]
+async fn raw_sql_holder_is_noticed_by_polling() {
+    let raw = pg_raw().await;
+    let l = Backend::Postgres.locker().await;
+    let name = unique("rawholder");
+    let PgKey::Pair(k1, k2) = pg_key(&LockName::from(name.as_str()), &Prefix::from_env()) else {
+        unreachable!()
+    };
+    raw.query_one("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    let n2 = name.clone();
+    let task = tokio::spawn(async move {
+        let g = l.lock(n2.as_str()).await.unwrap();
+        let at = Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished(), "the raw holder must block us");
+    let released = Instant::now();
+    raw.query_one("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    let handoff = task.await.unwrap() - released;
+    // Default backoff cap: 100 ms.
+    assert!(handoff < Duration::from_millis(400), "{handoff:?}");
+}
+
+/// When the shared lock session dies, every guard on it reports the loss at
+/// once, and new requests go to a new connection.
+#[tokio::test]
+async fn losing_the_session_is_reported_to_every_guard() {
+    let l = Backend::Postgres.locker().await;
+    let names: Vec<String> = (0..3).map(|_| unique("sessloss")).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(l.lock(n.as_str()).await.unwrap());
+    }
+    let pids: Vec<i64> = {
+        let mut v = Vec::new();
+        for n in &names {
+            v.push(l.holders(n.as_str()).await.unwrap()[0].pid);
+        }
+        v
+    };
+    assert!(
+        pids.windows(2).all(|w| w[0] == w[1]),
+        "one session holds them all: {pids:?}"
+    );
+    Backend::Postgres.kill_session(pids[0]).await;
+    for g in &guards {
+        tokio::time::timeout(Duration::from_secs(2), g.lost())
+            .await
+            .expect("loss reported");
+        assert!(!g.is_held());
+    }
+    // A new session serves new requests; the old guards stay lost.
+    let fresh = unique("sessloss-new");
+    let g = l.lock(fresh.as_str()).await.unwrap();
+    assert_ne!(l.holders(fresh.as_str()).await.unwrap()[0].pid, pids[0]);
+    assert!(!guards[0].is_held(), "never silently re-acquired");
+    g.release().await.unwrap();
+    // A lost guard still in someone's hands keeps its name in-process: the
+    // task holding it may not have noticed yet, and must not overlap with a
+    // new holder from the same process.
+    let bounded = LockOptions::new().timeout(Duration::from_millis(100));
+    assert!(l.acquire(names[0].as_str(), &bounded).await.unwrap().is_none());
+    drop(guards);
+    let g = l.lock(names[0].as_str()).await.unwrap();
+    g.release().await.unwrap();
+}
+
+/// Without name comments, lock statements are prepared once per connection:
+/// same behaviour, and the gem's keys.
+#[tokio::test]
+async fn prepared_statements_without_name_comments() {
+    let l = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).name_comments(false))
+        .await;
+    let other = Backend::Postgres.locker().await;
+    let name = unique("plain");
+    for mode in [false, true] {
+        let g = l
+            .acquire(name.as_str(), &LockOptions::try_once().shared(mode))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
+        g.release().await.unwrap();
+        assert!(common::free_for(&other, &name).await);
+    }
+    let g = l
+        .lock(LockName::raw_i64(-42 - std::process::id() as i64))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}

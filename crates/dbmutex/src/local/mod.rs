@@ -366,6 +366,7 @@ pub(crate) mod tests {
             keepalive: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             application_name: "unit".into(),
+            name_comments: true,
         }
     }
 

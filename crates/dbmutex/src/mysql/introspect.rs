@@ -125,6 +125,16 @@ pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<V
 /// The name behind a lock string, when it can be known: the string minus
 /// the prefix, if that maps back to the same string (long names are hashed).
 fn name_of(key: &str, prefix: &Prefix) -> Option<String> {
+    // A string of the hashed shape (`head#<16 hex>`) is taken for a hashed
+    // long name: its head is not the name.
+    let tail = key.rsplit_once('#').map(|(_, t)| t);
+    if tail.is_some_and(|t| {
+        t.len() == 16
+            && t.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    }) {
+        return None;
+    }
     let rest = key.strip_prefix(prefix.text())?;
     let candidate = LockName::Str(rest.to_owned());
     (!rest.is_empty() && mysql_lock_string(&candidate, prefix).ok()? == key).then(|| rest.to_owned())

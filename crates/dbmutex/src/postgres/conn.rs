@@ -7,8 +7,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
 
+use super::sql::{self, Call};
+use crate::key::PgKey;
 use crate::locker::{redact_url, Settings};
 use crate::{Error, Result};
+use crate::{LockName, Mode};
 
 /// What to do with `NOTIFY` messages arriving on a connection.
 pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
@@ -77,15 +80,6 @@ impl Connector {
         Ok(Self::with_config(config, tls, settings))
     }
 
-    /// From a tokio-postgres `Config` (TLS as its `ssl_mode` says, unverified).
-    pub(crate) fn from_config(config: Config, settings: &Settings) -> Result<Self> {
-        let tls = match config.get_ssl_mode() {
-            tokio_postgres::config::SslMode::Disable => Tls::Off,
-            _ => make_tls(false, None)?,
-        };
-        Ok(Self::with_config(config, tls, settings))
-    }
-
     fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(settings.connect_timeout);
@@ -136,13 +130,6 @@ impl Connector {
                 ))
             }
         };
-        let row = conn
-            .client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .map_err(|e| Error::Connect(Box::new(e)))?;
-        let pid: i32 = row.get(0);
-        conn.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
         Ok(conn)
     }
 }
@@ -236,13 +223,14 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 /// turns true at once: every lock held on it is gone.
 pub(crate) struct PgConn {
     pub(crate) client: Client,
-    pub(crate) pid: std::sync::atomic::AtomicI32,
     lost: watch::Sender<bool>,
     cancel: CancelToken,
     tls: Tls,
     task: tokio::task::AbortHandle,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
+    /// Prepared lock statements (used when name comments are off).
+    statements: std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
 }
 
 impl PgConn {
@@ -279,17 +267,58 @@ impl PgConn {
         Arc::new(PgConn {
             cancel: client.cancel_token(),
             client,
-            pid: std::sync::atomic::AtomicI32::new(0),
             lost,
             tls,
             task: task.abort_handle(),
             runtime: tokio::runtime::Handle::current(),
+            statements: Default::default(),
         })
     }
 
-    /// The server's process id for this session.
-    pub(crate) fn pid(&self) -> i32 {
-        self.pid.load(std::sync::atomic::Ordering::Relaxed)
+    /// Runs one advisory-lock call and returns its boolean (`true` for the
+    /// void-returning waits). With `name`, the statement carries it in a
+    /// comment and runs unprepared (`query_typed`: one round trip); without,
+    /// it runs as a statement prepared once per connection.
+    pub(crate) async fn lock_call(
+        &self,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+        name: Option<&LockName>,
+    ) -> std::result::Result<bool, tokio_postgres::Error> {
+        let rows = match name {
+            Some(name) => {
+                let (sql, params) = sql::bound(call, false, mode, key, name);
+                self.client.query_typed(&sql, &params.as_typed()).await?
+            }
+            None => {
+                let (sql, params) = sql::bound_plain(call, false, mode, key);
+                let cached = self
+                    .statements
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&sql)
+                    .cloned();
+                let stmt = match cached {
+                    Some(s) => s,
+                    None => {
+                        let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+                        let s = self.client.prepare_typed(&sql, &types).await?;
+                        self.statements
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(sql, s.clone());
+                        s
+                    }
+                };
+                let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
+                self.client.query(&stmt, &values).await?
+            }
+        };
+        Ok(rows
+            .first()
+            .and_then(|r| r.try_get::<_, bool>(0).ok())
+            .unwrap_or(false))
     }
 
     /// True once the connection is gone.
@@ -319,7 +348,7 @@ impl PgConn {
         let me = self.clone();
         // The close must follow the cancel: a cancel sent after the session
         // is gone is harmless, but a closed session cannot be cancelled.
-        let _ = self.runtime.spawn(async move {
+        drop(self.runtime.spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
                 match tls {
                     Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,
@@ -329,7 +358,7 @@ impl PgConn {
             })
             .await;
             me.close();
-        });
+        }));
     }
 }
 

@@ -20,6 +20,7 @@
 //! re-acquired silently.
 
 mod conn;
+mod handoff;
 mod sql;
 
 use std::sync::{Arc, Mutex};
@@ -28,7 +29,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-pub(crate) use conn::{Connector, PgConn};
+pub(crate) use conn::{Connector, NotifyHandler, PgConn};
 use sql::Call;
 
 use crate::arbiter::{Arbiter, Hold};
@@ -85,8 +86,14 @@ struct LazyConn {
 }
 
 impl LazyConn {
-    /// The live connection, connecting a new one if there is none.
-    async fn get(&self, connector: &Connector, settings: &Settings) -> Result<Arc<PgConn>> {
+    /// The live connection, connecting a new one if there is none. With
+    /// `listen`, the new connection listens on the hand-off channel.
+    async fn get(
+        &self,
+        connector: &Connector,
+        settings: &Settings,
+        listen: Option<&NotifyHandler>,
+    ) -> Result<Arc<PgConn>> {
         if let Some(c) = self.live() {
             return Ok(c);
         }
@@ -94,7 +101,13 @@ impl LazyConn {
         if let Some(c) = self.live() {
             return Ok(c);
         }
-        let conn = connector.connect(settings, None).await?;
+        let conn = connector.connect(settings, listen.cloned()).await?;
+        if listen.is_some() {
+            conn.client
+                .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
+                .await
+                .map_err(|e| Error::Connect(Box::new(e)))?;
+        }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }
@@ -113,15 +126,19 @@ pub(crate) struct PgBackend {
     /// lock session's last lock statement (with its name comment).
     probe: LazyConn,
     arbiter: Arc<Arbiter<PgKey>>,
+    /// Handles the hand-off channel's messages on the lock session.
+    on_notify: NotifyHandler,
 }
 
 impl PgBackend {
     pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
+        let arbiter: Arc<Arbiter<PgKey>> = Arc::default();
         let backend = PgBackend {
             connector: Connector::from_url(url, settings)?,
             session: LazyConn::default(),
             probe: LazyConn::default(),
-            arbiter: Arc::default(),
+            arbiter: arbiter.clone(),
+            on_notify: handoff::handler(arbiter),
         };
         // Connect now, so a bad URL, server or password fails here.
         backend.session(settings).await?;
@@ -129,7 +146,9 @@ impl PgBackend {
     }
 
     async fn session(&self, settings: &Settings) -> Result<Arc<PgConn>> {
-        self.session.get(&self.connector, settings).await
+        self.session
+            .get(&self.connector, settings, Some(&self.on_notify))
+            .await
     }
 
     pub(crate) fn kind(&self) -> BackendKind {
@@ -154,8 +173,15 @@ impl PgBackend {
         };
         let conn = self.session(settings).await?;
         let remote = hold.slot().clone();
-        let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || {
-            try_on_session(&conn, key, opts.mode, name)
+        let want = handoff::Want::new(&conn, key);
+        let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || async {
+            let got = try_on_session(&conn, key, opts.mode, name, settings.name_comments).await?;
+            if got.is_none() {
+                // Ask the holder's process (if it is a dbmutex) to tell us
+                // when it lets go, instead of waiting for the next poll.
+                want.announce();
+            }
+            Ok(got)
         })
         .await?;
         Ok(got.map(|()| {
@@ -164,6 +190,7 @@ impl PgBackend {
                 key,
                 mode: opts.mode,
                 name: name.clone(),
+                comment: settings.name_comments,
                 hold: Some(hold),
             }) as Box<dyn Held>
         }))
@@ -212,7 +239,7 @@ impl PgBackend {
     pub(crate) async fn holders(&self, name: &LockName, settings: &Settings) -> Result<Vec<Holder>> {
         let key = pg_key(name, &settings.prefix);
         let (classid, objid, objsubid) = key.pg_locks_ids();
-        let conn = self.probe.get(&self.connector, settings).await?;
+        let conn = self.probe.get(&self.connector, settings, None).await?;
         let sql =
             format!("{LOCKS_QUERY} AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3 ORDER BY l.pid");
         let rows = conn
@@ -231,7 +258,7 @@ impl PgBackend {
     }
 
     pub(crate) async fn list(&self, settings: &Settings) -> Result<Vec<ListedLock>> {
-        let conn = self.probe.get(&self.connector, settings).await?;
+        let conn = self.probe.get(&self.connector, settings, None).await?;
         let rows = conn
             .client
             .query_typed(&format!("{LOCKS_QUERY} ORDER BY l.pid, l.classid, l.objid"), &[])
@@ -304,44 +331,77 @@ fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> Option<Strin
 }
 
 /// One `pg_try_advisory_lock*` on the lock session, cancel-safe: the
-/// statement runs in its own task, which undoes a success nobody is left to
-/// receive.
-async fn try_on_session(conn: &Arc<PgConn>, key: PgKey, mode: Mode, name: &LockName) -> Result<Option<()>> {
+/// statement runs in its own task, and a success travels back as a
+/// [`Taken`] that undoes the lock if nobody is left to take it over — whether
+/// the acquire was dropped before the answer came or after it was sent.
+async fn try_on_session(
+    conn: &Arc<PgConn>,
+    key: PgKey,
+    mode: Mode,
+    name: &LockName,
+    comment: bool,
+) -> Result<Option<()>> {
     let (tx, rx) = oneshot::channel();
     let c = conn.clone();
     let name2 = name.clone();
     tokio::spawn(async move {
-        let (sql, params) = sql::bound(Call::Try, false, mode, &key, &name2);
-        let r = c.client.query_typed(&sql, &params.as_typed()).await;
-        let r = r
-            .map_err(|e| db_err(e, &name2))
-            .and_then(|rows| first_bool(&rows));
-        if let Err(Ok(true)) = tx.send(r) {
-            // Session locks are counted, so this undoes exactly our lock
-            // even if another task of ours has taken the key since.
-            let _ = unlock_on(&c, key, mode, &name2).await;
-        }
+        let r = c
+            .lock_call(Call::Try, mode, &key, comment.then_some(&name2))
+            .await;
+        let r = r.map_err(|e| db_err(e, &name2)).map(|got| {
+            got.then(|| Taken {
+                undo: Some((c.clone(), key, mode, name2.clone(), comment)),
+            })
+        });
+        // If the receiver is gone, `r` drops here, and a `Taken` in it undoes.
+        let _ = tx.send(r);
     });
     match rx.await {
-        Ok(r) => Ok(r?.then_some(())),
+        Ok(r) => Ok(r?.map(Taken::keep)),
         Err(_) => Err(Error::Database(
             "the lock statement's task ended unexpectedly".into(),
         )),
     }
 }
 
+/// A session lock the server granted, not yet owned by a guard. Dropped
+/// unkept, it unlocks: session locks are counted, so this undoes exactly
+/// this grant even if another task of ours has taken the key since.
+struct Taken {
+    undo: Option<(Arc<PgConn>, PgKey, Mode, LockName, bool)>,
+}
+
+impl Taken {
+    fn keep(mut self) {
+        self.undo = None;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some((conn, key, mode, name, comment)) = self.undo.take() {
+            let c = conn.clone();
+            drop(conn.runtime.spawn(async move {
+                let _ = unlock_on(&c, key, mode, &name, comment).await;
+            }));
+        }
+    }
+}
+
 /// `pg_advisory_unlock*` on `conn`: `Err(LockLost)` when the server says we
 /// did not hold it or the connection is gone.
-async fn unlock_on(conn: &PgConn, key: PgKey, mode: Mode, name: &LockName) -> Result<()> {
+async fn unlock_on(conn: &PgConn, key: PgKey, mode: Mode, name: &LockName, comment: bool) -> Result<()> {
     if conn.is_lost() {
         return Err(Error::LockLost {
             name: name.to_string(),
         });
     }
-    let (sql, params) = sql::bound(Call::Unlock, false, mode, &key, name);
-    match conn.client.query_typed(&sql, &params.as_typed()).await {
-        Ok(rows) if first_bool(&rows)? => Ok(()),
-        Ok(_) => Err(Error::LockLost {
+    match conn
+        .lock_call(Call::Unlock, mode, &key, comment.then_some(name))
+        .await
+    {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::LockLost {
             name: name.to_string(),
         }),
         Err(e) if e.is_closed() || conn.is_lost() => Err(Error::LockLost {
@@ -438,6 +498,7 @@ struct SessionHeld {
     key: PgKey,
     mode: Mode,
     name: LockName,
+    comment: bool,
     /// `None` once the unlock is under way.
     hold: Option<Hold<PgKey>>,
 }
@@ -445,10 +506,17 @@ struct SessionHeld {
 impl Held for SessionHeld {
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let hold = self.hold.take();
-        let (conn, key, mode, name) = (self.conn.clone(), self.key, self.mode, self.name.clone());
+        let (conn, key, mode, name, comment) = (
+            self.conn.clone(),
+            self.key,
+            self.mode,
+            self.name.clone(),
+            self.comment,
+        );
         // Spawned: the unlock completes even if the caller stops waiting.
         let task = self.conn.runtime.spawn(async move {
-            let r = unlock_on(&conn, key, mode, &name).await;
+            let r = unlock_on(&conn, key, mode, &name, comment).await;
+            handoff::released(&conn, key, hold.as_ref());
             drop(hold);
             r
         });
@@ -466,14 +534,21 @@ impl Held for SessionHeld {
 impl Drop for SessionHeld {
     fn drop(&mut self) {
         if let Some(hold) = self.hold.take() {
-            let (conn, key, mode, name) = (self.conn.clone(), self.key, self.mode, self.name.clone());
+            let (conn, key, mode, name, comment) = (
+                self.conn.clone(),
+                self.key,
+                self.mode,
+                self.name.clone(),
+                self.comment,
+            );
             // No runtime here is fine: the handle spawns onto the
             // connection's own runtime. If that runtime is gone, so is the
             // connection, and the server has freed the lock.
-            let _ = self.conn.runtime.spawn(async move {
-                let _ = unlock_on(&conn, key, mode, &name).await;
+            drop(self.conn.runtime.spawn(async move {
+                let _ = unlock_on(&conn, key, mode, &name, comment).await;
+                handoff::released(&conn, key, Some(&hold));
                 drop(hold);
-            });
+            }));
         }
     }
 }
@@ -501,7 +576,7 @@ impl Held for DedicatedHeld {
                     }),
                 }
             } else {
-                unlock_on(&conn, key, mode, &name).await
+                unlock_on(&conn, key, mode, &name, true).await
             };
             conn.close();
             r

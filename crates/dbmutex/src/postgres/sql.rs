@@ -42,6 +42,16 @@ pub(crate) fn bound(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &Lock
     }
 }
 
+/// `SELECT fn($1[, $2])` with no comment: the same text for every name, so
+/// it can be prepared once per connection.
+pub(crate) fn bound_plain(call: Call, xact: bool, mode: Mode, key: &PgKey) -> (String, Params) {
+    let f = function(call, xact, mode);
+    match *key {
+        PgKey::Pair(a, b) => (format!("SELECT {f}($1, $2)"), Params::Pair(a, b)),
+        PgKey::Big(k) => (format!("SELECT {f}($1)"), Params::Big(k)),
+    }
+}
+
 /// `SELECT fn(k1, k2) /* name */` with the integers inlined, for simple-query
 /// batches.
 pub(crate) fn inline(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &LockName) -> String {
@@ -54,9 +64,10 @@ pub(crate) fn inline(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &Loc
 }
 
 /// `lock_timeout` value for a wait bound: whole milliseconds, at least 1
-/// (0 would mean "no timeout").
+/// (0 would mean "no timeout"), at most the server's maximum (about 24.8
+/// days; a longer bound waits that long).
 pub(crate) fn lock_timeout_ms(d: std::time::Duration) -> u128 {
-    d.as_nanos().div_ceil(1_000_000).max(1)
+    d.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128)
 }
 
 /// Typed parameters of a bound statement.
@@ -113,5 +124,6 @@ mod tests {
         assert_eq!(lock_timeout_ms(Duration::from_micros(1)), 1);
         assert_eq!(lock_timeout_ms(Duration::from_millis(300)), 300);
         assert_eq!(lock_timeout_ms(Duration::from_micros(300_500)), 301);
+        assert_eq!(lock_timeout_ms(Duration::MAX), i32::MAX as u128);
     }
 }
