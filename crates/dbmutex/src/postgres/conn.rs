@@ -136,12 +136,17 @@ impl Connector {
                 ))
             }
         };
-        let row = conn
+        // Unnamed statement, one round trip: a named prepared statement can
+        // land on another server session behind a transaction pooler.
+        let rows = conn
             .client
-            .query_one("SELECT pg_backend_pid()", &[])
+            .query_typed("SELECT pg_backend_pid()", &[])
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        let pid: i32 = row.get(0);
+        let pid: i32 = rows
+            .first()
+            .and_then(|r| r.try_get(0).ok())
+            .ok_or_else(|| Error::Connect("pg_backend_pid() returned no row".into()))?;
         conn.pid.store(pid, std::sync::atomic::Ordering::Relaxed);
         Ok(conn)
     }
