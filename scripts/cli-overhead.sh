@@ -32,19 +32,18 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 name="cli-overhead-$$"
 
-# median_ms CMD...: runs CMD $runs times (after 5 warm-up runs) and prints
-# the median wall time in milliseconds. $EPOCHREALTIME costs no fork.
+# elapsed_us CMD...: runs CMD once and prints its wall time in microseconds
+# ($EPOCHREALTIME costs no fork).
+elapsed_us() {
+  local s=$EPOCHREALTIME
+  "$@" >/dev/null
+  local e=$EPOCHREALTIME
+  echo $((${e/./} - ${s/./}))
+}
+
+# median_ms: the median of the microsecond figures on stdin, in milliseconds.
 median_ms() {
-  local i s e times=()
-  for ((i = 0; i < 5; i++)); do "$@" >/dev/null; done
-  for ((i = 0; i < runs; i++)); do
-    s=$EPOCHREALTIME
-    "$@" >/dev/null
-    e=$EPOCHREALTIME
-    times+=($((${e/./} - ${s/./})))
-  done
-  printf '%s\n' "${times[@]}" | sort -n |
-    awk '{ t[NR] = $1 } END { m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2; printf "%.3f", m / 1000 }'
+  sort -n | awk '{ t[NR] = $1 } END { m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2; printf "%.3f", m / 1000 }'
 }
 
 # use_backend BACKEND: sets the environment that selects BACKEND (call it in
@@ -64,9 +63,19 @@ for backend in ${BACKENDS:-local postgres mysql}; do
     echo "cli-overhead.sh: dbmutex run fails on the $backend backend" >&2
     exit 1
   fi
-  t_true=$(median_ms "$true_bin")
-  t_flock=$(median_ms flock "$work/flock" "$true_bin")
-  t_dbmutex=$(use_backend "$backend" && median_ms "$dbmutex" run "$name" -- "$true_bin")
+  # Interleaved, so that load from elsewhere weighs on all three alike.
+  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex"
+  for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
+    a=$(elapsed_us "$true_bin")
+    b=$(elapsed_us flock "$work/flock" "$true_bin")
+    c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
+    if ((i >= 0)); then
+      echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
+    fi
+  done
+  t_true=$(median_ms <"$work/t_true")
+  t_flock=$(median_ms <"$work/t_flock")
+  t_dbmutex=$(median_ms <"$work/t_dbmutex")
   printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"dbmutex_run_ms":%s}\n' \
     "$backend" "$runs" "$t_true" "$t_flock" "$t_dbmutex"
 done
