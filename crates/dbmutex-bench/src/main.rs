@@ -1,1 +1,245 @@
-fn main() {}
+//! `dbmutex-bench`: dbmutex measured against the raw-SQL floor, on the same
+//! server, in the same run. See BENCHMARKS.md for the scenarios and figures.
+
+mod backend;
+mod clients;
+mod floor;
+mod probe;
+mod raw;
+mod report;
+mod scenarios;
+mod stats;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use dbmutex::WaitStrategy;
+
+use backend::Kind;
+use probe::Probe;
+use report::{round, Row};
+use scenarios::{Env, Params};
+
+/// Benchmarks dbmutex against the raw SQL lock cycle on the same server.
+#[derive(Parser, Debug)]
+#[command(name = "dbmutex-bench", version)]
+struct Cli {
+    /// postgres://…, mysql://… or file:///lock/dir. A PostgreSQL URL without
+    /// sslmode is used with sslmode=disable (the floor is plaintext).
+    #[arg(long)]
+    database_url: String,
+    /// What to measure; `all` runs every scenario that applies, floor first.
+    #[arg(long, value_enum)]
+    scenario: Scenario,
+    /// Seconds each timed scenario runs (fractions allowed).
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Concurrent tasks (contended, many-keys) or floor connections.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Locks hold-many acquires at once.
+    #[arg(long, default_value_t = 5000)]
+    locks: usize,
+    /// Seconds hold-many holds them.
+    #[arg(long, default_value_t = 2.0)]
+    hold_secs: f64,
+    /// How contended waiters wait: client-side polling on the shared session,
+    /// or blocking in the server on a dedicated connection each.
+    #[arg(long, value_enum, default_value_t = Strategy::Poll)]
+    strategy: Strategy,
+    /// Lockers (separate server sessions, like separate processes) that the
+    /// tasks of contended and many-keys are spread over.
+    #[arg(long, default_value_t = 1)]
+    lockers: usize,
+    /// One JSON object per line per scenario instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    All,
+    /// Round trip of a prepared `SELECT 1`.
+    Rtt,
+    /// Raw prepared try-lock + unlock, on 1 and on --clients connections.
+    Floor,
+    Uncontended,
+    Contended,
+    ManyKeys,
+    HoldMany,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Strategy {
+    Poll,
+    Server,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dbmutex-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("dbmutex-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the plan; `Ok(false)` when some scenario of `all` failed (the
+/// others still ran).
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let kind = Kind::of(&cli.database_url)?;
+    anyhow::ensure!(cli.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(
+        cli.duration > 0.0 && cli.hold_secs >= 0.0,
+        "durations must be positive"
+    );
+    let url = backend::run_url(&cli.database_url, kind);
+    let env = Env {
+        kind,
+        probe: Arc::new(Probe::connect(kind, &url).await?),
+        url,
+        p: Params {
+            duration: Duration::from_secs_f64(cli.duration),
+            clients: cli.clients,
+            locks: cli.locks,
+            hold: Duration::from_secs_f64(cli.hold_secs),
+            strategy: match cli.strategy {
+                Strategy::Poll => WaitStrategy::Poll,
+                Strategy::Server => WaitStrategy::Server,
+            },
+            lockers: cli.lockers,
+        },
+    };
+    let plan = match (cli.scenario, kind) {
+        (Scenario::All, Kind::Local) => vec![Scenario::Uncontended, Scenario::Contended],
+        (Scenario::All, _) => vec![
+            Scenario::Rtt,
+            Scenario::Floor,
+            Scenario::Uncontended,
+            Scenario::Contended,
+            Scenario::ManyKeys,
+            Scenario::HoldMany,
+        ],
+        (Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys, Kind::Local) => {
+            anyhow::bail!("the local backend runs uncontended and contended only (no server to measure)")
+        }
+        (s, _) => vec![s],
+    };
+    let mut out = Output::new(cli.json);
+    let mut ok = true;
+    for s in plan {
+        match run_one(&env, s).await {
+            Ok(rows) => rows.into_iter().for_each(|r| out.emit(r)),
+            Err(e) if cli.scenario == Scenario::All => {
+                eprintln!("dbmutex-bench: {s:?}: {e:#}");
+                ok = false;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ok)
+}
+
+async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
+    Ok(match s {
+        Scenario::Rtt => vec![floor::rtt(env).await?],
+        Scenario::Floor => {
+            let mut rows = vec![floor::floor(env, 1).await?];
+            if env.p.clients > 1 {
+                rows.push(floor::floor(env, env.p.clients).await?);
+            }
+            rows
+        }
+        Scenario::Uncontended => vec![scenarios::uncontended(env).await?],
+        Scenario::Contended => vec![scenarios::contended(env).await?],
+        Scenario::ManyKeys => vec![scenarios::many_keys(env).await?],
+        Scenario::HoldMany => vec![scenarios::hold_many(env).await?],
+        Scenario::All => unreachable!("expanded into a plan"),
+    })
+}
+
+/// Prints rows as they come, adding the ratios to the floor and round trip
+/// measured earlier in the same run.
+struct Output {
+    json: bool,
+    header_done: bool,
+    rtt_us: Option<u32>,
+    floor_1: Option<f64>,
+    floor_n: Option<f64>,
+}
+
+impl Output {
+    fn new(json: bool) -> Self {
+        Output {
+            json,
+            header_done: false,
+            rtt_us: None,
+            floor_1: None,
+            floor_n: None,
+        }
+    }
+
+    fn emit(&mut self, mut row: Row) {
+        self.annotate(&mut row);
+        let line = if self.json {
+            row.to_json().to_string()
+        } else if !self.header_done {
+            self.header_done = true;
+            format!("{}\n{}", Row::table_header(), row.table_line())
+        } else {
+            row.table_line()
+        };
+        let mut stdout = std::io::stdout().lock();
+        // Rows go out as they are measured, for a reader watching a long run.
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+    }
+
+    fn annotate(&mut self, row: &mut Row) {
+        let ratio = |x: f64, floor: Option<f64>| floor.map(|f| round(x / f, 3));
+        match row.scenario {
+            "rtt" => self.rtt_us = row.p50_us,
+            "floor" if row.clients == 1 => self.floor_1 = Some(row.ops_per_s()),
+            "floor" => {
+                self.floor_n = Some(row.ops_per_s());
+                if let Some(r) = ratio(row.ops_per_s(), self.floor_1) {
+                    row.set("ratio_to_floor", r);
+                }
+            }
+            "uncontended" | "contended" => {
+                if let Some(r) = ratio(row.ops_per_s(), self.floor_1) {
+                    row.set("ratio_to_floor", r);
+                }
+            }
+            "many-keys" => {
+                if let Some(r) = ratio(row.ops_per_s(), self.floor_1) {
+                    row.set("ratio_to_floor", r);
+                }
+                if let Some(r) = ratio(row.ops_per_s(), self.floor_n) {
+                    row.set("ratio_to_floor_n", r);
+                }
+            }
+            _ => {}
+        }
+        if let (Some(rtt), Some(h)) = (
+            self.rtt_us,
+            row.extra.get("handoff_p50_us").and_then(|v| v.as_f64()),
+        ) {
+            row.set("rtt_us", rtt);
+            row.set("handoff_rtts", round(h / f64::from(rtt.max(1)), 2));
+        }
+    }
+}

@@ -23,10 +23,7 @@ impl Program {
                 c
             }
             Program::Shell(line) => {
-                let shell = std::env::var_os("SHELL")
-                    .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| "/bin/sh".into());
-                let mut c = Command::new(shell);
+                let mut c = Command::new(shell());
                 c.arg("-c").arg(line);
                 c
             }
@@ -37,7 +34,7 @@ impl Program {
     pub fn display(&self) -> String {
         match self {
             Program::Argv(argv) => argv[0].to_string_lossy().into_owned(),
-            Program::Shell(_) => std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into()),
+            Program::Shell(_) => shell().to_string_lossy().into_owned(),
         }
     }
 
@@ -62,6 +59,13 @@ impl Program {
             Failure::new(code, format!("cannot run {}: {e}", self.display()))
         })
     }
+}
+
+/// `$SHELL`, else `/bin/sh`, as flock(1) runs `-c`.
+fn shell() -> OsString {
+    std::env::var_os("SHELL")
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "/bin/sh".into())
 }
 
 /// Asks the kernel to send the child SIGTERM when dbmutex dies (Linux), and

@@ -12,12 +12,15 @@ use crate::cli::{Global, RunArgs};
 use crate::exit::{self, Failure};
 use crate::report::{holders_text, valid_name};
 use crate::say::{secs, shown, Say};
-use crate::signals::Signals;
+use crate::signals::{self, Signals};
 
 /// How long a wait lasts before dbmutex says what it is waiting for.
 const NOTICE_AFTER: Duration = Duration::from_secs(1);
 /// How long the "who holds it" query may delay that notice.
 const HOLDERS_QUERY_LIMIT: Duration = Duration::from_secs(2);
+/// How long the release may take before dbmutex exits anyway (exiting
+/// closes the connection, so the server frees the lock regardless).
+const RELEASE_LIMIT: Duration = Duration::from_secs(10);
 /// After giving up a wait, time for the library's background cancel of the
 /// server-side wait to go out before the process exits.
 const CANCEL_GRACE: Duration = Duration::from_millis(50);
@@ -82,7 +85,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     let mut child = match program.spawn() {
         Ok(c) => c,
         Err(f) => {
-            let _ = guard.release().await;
+            let _ = release(guard).await;
             return Err(f);
         }
     };
@@ -199,7 +202,7 @@ async fn supervise(
     loop {
         tokio::select! {
             status = child.wait() => return Ok(Ended::Exited(child::exit_code(wait_result(status)?))),
-            sig = signals.recv() => child::signal(child, sig),
+            sig = signals.recv() => forward(child, sig),
             () = &mut lost => break,
         }
     }
@@ -214,7 +217,7 @@ async fn supervise(
                 wait_result(status)?;
                 return Ok(Ended::Lost);
             }
-            sig = signals.recv() => child::signal(child, sig),
+            sig = signals.recv() => forward(child, sig),
             () = &mut deadline => break,
         }
     }
@@ -225,6 +228,13 @@ async fn supervise(
     child::signal(child, libc::SIGKILL);
     wait_result(child.wait().await)?;
     Ok(Ended::Lost)
+}
+
+/// Passes a signal dbmutex got on to the command, unless it got it already.
+fn forward(child: &Child, sig: i32) {
+    if !signals::terminal_sent_it_to_the_command(sig) {
+        child::signal(child, sig);
+    }
 }
 
 fn wait_result(r: std::io::Result<std::process::ExitStatus>) -> Result<std::process::ExitStatus, Failure> {
@@ -241,7 +251,7 @@ async fn finish(
 ) -> Result<u8, Failure> {
     let held_for = guard.held_for();
     let held_throughout = guard.is_held();
-    let released = guard.release().await;
+    let released = release(guard).await;
     let code = match ended? {
         Ended::Lost => return Ok(exit::LOCK_LOST),
         Ended::Exited(code) => code,
@@ -257,7 +267,8 @@ async fn finish(
             return Ok(code);
         }
         Err(e) => {
-            // The library closed the connection, so the server frees the lock.
+            // The library closes the connection (or our exit does), so the
+            // server frees the lock.
             say.error(format_args!(
                 "could not confirm the release of lock {name}: {}",
                 exit::describe(&e)
@@ -269,4 +280,11 @@ async fn finish(
         "lock {name} was lost while the command ran (it exited with status {code})"
     ));
     Ok(exit::LOCK_LOST)
+}
+
+/// Releases the lock, waiting at most [`RELEASE_LIMIT`] for the server.
+async fn release(guard: LockGuard) -> Result<(), dbmutex::Error> {
+    tokio::time::timeout(RELEASE_LIMIT, guard.release())
+        .await
+        .unwrap_or_else(|_| Err(dbmutex::Error::Database("no answer from the server".into())))
 }

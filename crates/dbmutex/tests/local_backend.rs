@@ -205,8 +205,12 @@ async fn shared_and_exclusive() {
     );
     assert!(b.try_lock("doc").await.unwrap().is_none(), "writer refused");
     let holders = b.holders("doc").await.unwrap();
-    assert_eq!(holders.len(), 1);
-    assert_eq!((holders[0].mode, holders[0].pid), (Mode::Shared, 0));
+    let me = i64::from(std::process::id());
+    assert_eq!(holders.len(), 3, "one per guard: {holders:?}");
+    assert!(
+        holders.iter().all(|h| (h.mode, h.pid) == (Mode::Shared, me)),
+        "{holders:?}"
+    );
     drop((s1, s2));
     assert!(b.try_lock("doc").await.unwrap().is_none(), "one reader is left");
     s3.release().await.unwrap();
@@ -409,7 +413,10 @@ async fn flock_1_and_dbmutex_exclude_each_other() {
         "refused while flock(1) holds"
     );
     assert!(l.is_locked("shell").await.unwrap());
-    assert_eq!(l.holders("shell").await.unwrap()[0].mode, Mode::Exclusive);
+    let holders = l.holders("shell").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!((holders[0].pid, holders[0].mode), (child.pid(), Mode::Exclusive));
+    assert_eq!(holders[0].application, None, "our stale note is not flock(1)'s");
     let l2 = l.clone();
     let waiter = tokio::spawn(async move {
         let g = l2
@@ -475,6 +482,11 @@ async fn another_dbmutex_process_contends_and_is_reported() {
     child.expect_line("ready");
     let shared = LockOptions::try_once().shared(true);
     let r = l.acquire("xproc", &shared).await.unwrap().expect("readers share");
+    let mut pids: Vec<i64> = l.holders("xproc").await.unwrap().iter().map(|h| h.pid).collect();
+    pids.sort();
+    let mut want = vec![child.pid(), i64::from(std::process::id())];
+    want.sort();
+    assert_eq!(pids, want, "both readers are listed");
     drop(r);
     let l2 = l.clone();
     let writer = tokio::spawn(async move { l2.lock("xproc").await.unwrap() });

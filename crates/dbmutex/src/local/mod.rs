@@ -31,15 +31,17 @@
 //!   plus the name). Do not clean the directory while locks may be held; an
 //!   acquire that finds its file removed or replaced before it locked it
 //!   starts over on the current file.
-//! - **Who holds it.** An exclusive holder writes a note into the file (pid,
+//! - **Who holds it.** [`Locker::holders`](crate::Locker::holders) and
+//!   [`Locker::list`](crate::Locker::list) find out whether a file is locked
+//!   by locking it for an instant (see [`file::probe`]). If it is, Linux's
+//!   `/proc/locks` names every holder's pid and mode, shared ones included,
+//!   whatever program holds it. An exclusive holder also writes a note into
+//!   the file (pid,
 //!   [`LockerBuilder::application_name`](crate::LockerBuilder::application_name),
-//!   start time, name), which [`Locker::holders`](crate::Locker::holders) and
-//!   [`Locker::list`](crate::Locker::list) report while the file is locked.
-//!   Shared holders are many and note only the name, so a shared lock is
-//!   reported as one holder with pid 0 (unknown). A file locked by another
-//!   program (such as `flock(1)`) shows the last dbmutex note, or pid 0.
-//!   Those calls find out whether a file is locked by locking it for an
-//!   instant (see [`file::probe`]).
+//!   start time, name): its application and start time are reported, and
+//!   the name appears in `list`. Where `/proc/locks` cannot be read, the
+//!   note alone answers: one holder, with the noted pid when exclusive and
+//!   pid 0 (unknown) when shared.
 //!
 //! File-system calls run on tokio's blocking pool; a guard's drop only
 //! unlocks and closes, which never wait. Each held lock costs one file
@@ -48,6 +50,7 @@
 mod dir;
 mod file;
 mod note;
+mod proc_locks;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -222,7 +225,7 @@ impl LocalBackend {
         let (_, path) = self.path_of(name, settings)?;
         blocking(move || {
             Ok(match file::probe(&path)? {
-                Some(mode) => vec![holder(mode, &file::read_note(&path))],
+                Some(mode) => holders_at(&path, mode),
                 None => Vec::new(),
             })
         })
@@ -236,22 +239,39 @@ impl LocalBackend {
     }
 }
 
-/// The holder a probe and a note describe. The note's pid and start time are
-/// only about an exclusive holder; under a shared lock they are stale.
-fn holder(mode: Mode, note: &note::Note) -> Holder {
-    let exclusive = mode == Mode::Exclusive;
-    Holder {
-        pid: note.pid.filter(|_| exclusive).unwrap_or(0),
-        mode,
-        application: note.application.clone().filter(|_| exclusive),
-        user: None,
-        client: None,
-        since: note.since.clone().filter(|_| exclusive),
+/// The holders of the file at `path`, which a probe found held in `mode`:
+/// one per lock in the kernel's table where it can be read, else the one
+/// the note describes. The note's application and start time are only
+/// reported for the exclusive holder whose pid it names; under a shared
+/// lock, or another program's, they are stale.
+fn holders_at(path: &Path, mode: Mode) -> Vec<Holder> {
+    let note = file::read_note(path);
+    let holder = |pid: i64, mode: Mode| {
+        let noted = mode == Mode::Exclusive && note.pid == Some(pid);
+        Holder {
+            pid,
+            mode,
+            application: note.application.clone().filter(|_| noted),
+            user: None,
+            client: None,
+            since: note.since.clone().filter(|_| noted),
+        }
+    };
+    match std::fs::metadata(path)
+        .ok()
+        .and_then(|m| proc_locks::holders_of(&m))
+    {
+        Some(found) => found.into_iter().map(|(pid, mode)| holder(pid, mode)).collect(),
+        None => {
+            let pid = note.pid.filter(|_| mode == Mode::Exclusive).unwrap_or(0);
+            vec![holder(pid, mode)]
+        }
     }
 }
 
-/// The locked `*.lock` files of `dir`, by file name. The name is the noted
-/// one, without this locker's prefix when it starts with it.
+/// The locked `*.lock` files of `dir`, one entry per holder, by file name.
+/// The name is the noted one, without this locker's prefix when it starts
+/// with it.
 fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
     let read_err = |e| io_error(format!("cannot read lock directory {}", dir.display()), e);
     let mut out = Vec::new();
@@ -275,17 +295,16 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
                 continue;
             }
         };
-        let note = file::read_note(&path);
-        out.push(ListedLock {
-            name: note
-                .name
-                .as_deref()
-                .map(|n| n.strip_prefix(prefix).unwrap_or(n).to_owned()),
+        let name = file::read_note(&path)
+            .name
+            .map(|n| n.strip_prefix(prefix).map(str::to_owned).unwrap_or(n));
+        out.extend(holders_at(&path, mode).into_iter().map(|holder| ListedLock {
+            name: name.clone(),
             key: key.to_owned(),
-            holder: holder(mode, &note),
-        });
+            holder,
+        }));
     }
-    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out.sort_by(|a, b| (&a.key, a.holder.pid).cmp(&(&b.key, b.holder.pid)));
     Ok(out)
 }
 
@@ -433,10 +452,12 @@ pub(crate) mod tests {
         let s1 = b.acquire(&name, &shared, &s).await.unwrap().unwrap();
         let s2 = other.acquire(&name, &shared, &s).await.unwrap().unwrap();
         let h = b.holders(&name, &s).await.unwrap();
-        assert_eq!(
-            (h.len(), h[0].pid, h[0].mode, h[0].since.as_ref()),
-            (1, 0, Mode::Shared, None),
-            "the stale exclusive note is not reported"
+        let me = i64::from(std::process::id());
+        assert_eq!(h.len(), 2, "one per descriptor: {h:?}");
+        assert!(
+            h.iter()
+                .all(|h| (h.pid, h.mode, h.since.as_ref()) == (me, Mode::Shared, None)),
+            "the stale exclusive note is not reported: {h:?}"
         );
         assert_eq!(b.list(&s).await.unwrap()[0].holder.mode, Mode::Shared);
         drop((s1, s2));

@@ -1,84 +1,178 @@
-//! A held user lock: its dedicated connection, the watcher that notices when
-//! that connection dies, and the release.
+//! Held user locks: the session that holds them, the watcher that notices
+//! when that session dies, and the release.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, OwnedMutexGuard};
 
 use super::{db_err, Shared};
 use crate::arbiter::Hold;
 use crate::guard::{BoxFuture, Held};
 use crate::{Error, LockName, Result};
 
-/// The connection that holds the lock, shared by the guard and its watcher.
-/// `None` once it is released or known dead.
-type Slot = Arc<tokio::sync::Mutex<Option<Conn>>>;
+/// `RELEASE_LOCK` for the session's last lock, then `RELEASE_ALL_LOCKS` as
+/// proof that the session now holds nothing (MariaDB and MySQL evaluate
+/// select items left to right): only then may the connection be reused.
+const RELEASE_LAST_SQL: &str = "SELECT RELEASE_LOCK(?), RELEASE_ALL_LOCKS()";
+/// `RELEASE_LOCK` while the session keeps other locks.
+const RELEASE_ONE_SQL: &str = "SELECT RELEASE_LOCK(?), NULL";
 
-/// `RELEASE_LOCK` for our lock, then `RELEASE_ALL_LOCKS` as proof that the
-/// session now holds nothing (MariaDB and MySQL evaluate select items left
-/// to right): only then may the connection be reused.
-const RELEASE_SQL: &str = "SELECT RELEASE_LOCK(?), RELEASE_ALL_LOCKS()";
+/// A server session holding one or more locks: the lock that opened it, and
+/// locks taken in scoped calls nested inside that one.
+pub(super) struct LockConn {
+    /// `None` once the session is gone or handed back for reuse.
+    conn: Arc<tokio::sync::Mutex<Option<Conn>>>,
+    id: u32,
+    lost: watch::Sender<bool>,
+    /// Locks held on the session; changed only under `conn`'s mutex.
+    held: AtomicUsize,
+    /// A nested acquisition is using the session.
+    busy: AtomicBool,
+    stop: Notify,
+}
 
-/// One lock held on a connection of its own.
+impl LockConn {
+    /// Wraps a connection that just took its first lock, and starts its watcher.
+    pub(super) fn start(shared: &Arc<Shared>, conn: Conn, keepalive: Duration) -> Arc<Self> {
+        let lc = Arc::new(LockConn {
+            id: conn.id(),
+            conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
+            lost: watch::channel(false).0,
+            held: AtomicUsize::new(1),
+            busy: AtomicBool::new(false),
+            stop: Notify::new(),
+        });
+        drop(shared.runtime.spawn(watch_conn(
+            shared.clone(),
+            lc.clone(),
+            keepalive,
+            ping_timeout(keepalive),
+        )));
+        lc
+    }
+
+    pub(super) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Claims the session for one nested acquisition; `None` if another one
+    /// is using it (that acquisition then gets a connection of its own).
+    pub(super) fn claim(self: &Arc<Self>) -> Option<Claim> {
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            .then(|| Claim(self.clone()))
+    }
+}
+
+/// A ping slower than this is treated as a dead connection.
+fn ping_timeout(keepalive: Duration) -> Duration {
+    (keepalive * 2).max(Duration::from_secs(2))
+}
+
+/// The right to run one nested acquisition on a [`LockConn`].
+pub(super) struct Claim(Arc<LockConn>);
+
+impl Claim {
+    /// Takes the session's connection out for one statement. `None` when
+    /// the session is gone.
+    pub(super) async fn borrow(&self) -> Option<Borrowed> {
+        let mut guard = self.0.conn.clone().lock_owned().await;
+        let conn = guard.take()?;
+        Some(Borrowed {
+            guard,
+            conn: Some(conn),
+            lc: self.0.clone(),
+        })
+    }
+
+    pub(super) fn lock_conn(&self) -> &Arc<LockConn> {
+        &self.0
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+/// A session's connection taken out for a nested acquisition, with its
+/// mutex held so that nobody else uses the session meanwhile. Dropped
+/// without [`Borrowed::give_back`] (the acquisition was abandoned midway, or
+/// the connection failed), the connection closes and the session's locks are
+/// reported lost.
+pub(super) struct Borrowed {
+    guard: OwnedMutexGuard<Option<Conn>>,
+    conn: Option<Conn>,
+    lc: Arc<LockConn>,
+}
+
+impl Borrowed {
+    pub(super) fn conn(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("present until given back")
+    }
+
+    /// Puts the connection back; `took_lock` when the statement took one
+    /// more lock on it.
+    pub(super) fn give_back(mut self, took_lock: bool) {
+        if took_lock {
+            self.lc.held.fetch_add(1, Ordering::AcqRel);
+        }
+        *self.guard = self.conn.take();
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if self.conn.take().is_some() {
+            self.lc.lost.send_replace(true);
+            self.lc.stop.notify_one();
+        }
+    }
+}
+
+/// One lock held on a [`LockConn`].
 pub(super) struct MyHeld {
     /// `None` once the release is under way.
     state: Option<Release>,
-    lost: Arc<watch::Sender<bool>>,
+    lost: watch::Receiver<bool>,
 }
 
 /// Everything the release needs, moved into the task that performs it.
 struct Release {
     shared: Arc<Shared>,
-    conn: Slot,
+    lc: Arc<LockConn>,
     lock: String,
     name: LockName,
-    lost: Arc<watch::Sender<bool>>,
-    stop: Arc<Notify>,
-    timeout: Duration,
     /// The in-process hold; given back only after the server released, so
     /// the next task of this process finds the server lock free.
     hold: Hold<String>,
 }
 
 impl MyHeld {
-    /// Wraps a connection on which `GET_LOCK(lock)` just returned 1, and
-    /// starts its watcher.
-    pub(super) fn start(
+    /// A lock `GET_LOCK` just took on `lc`, registered for nested calls.
+    pub(super) fn new(
         shared: Arc<Shared>,
-        conn: Conn,
+        lc: Arc<LockConn>,
         lock: String,
         name: LockName,
         hold: Hold<String>,
-        keepalive: Duration,
     ) -> Self {
-        let conn: Slot = Arc::new(tokio::sync::Mutex::new(Some(conn)));
-        let lost = Arc::new(watch::channel(false).0);
-        let stop = Arc::new(Notify::new());
-        // A ping slower than this is treated as a dead connection.
-        let timeout = (keepalive * 2).max(Duration::from_secs(2));
-        drop(shared.runtime.spawn(watch_conn(
-            shared.clone(),
-            conn.clone(),
-            lost.clone(),
-            stop.clone(),
-            keepalive,
-            timeout,
-        )));
+        shared.remember(&lock, &lc);
         MyHeld {
+            lost: lc.lost.subscribe(),
             state: Some(Release {
                 shared,
-                conn,
+                lc,
                 lock,
                 name,
-                lost: lost.clone(),
-                stop,
-                timeout,
                 hold,
             }),
-            lost,
         }
     }
 }
@@ -95,7 +189,7 @@ impl Held for MyHeld {
     }
 
     fn lost_signal(&self) -> Option<watch::Receiver<bool>> {
-        Some(self.lost.subscribe())
+        Some(self.lost.clone())
     }
 }
 
@@ -118,95 +212,98 @@ impl Drop for MyHeld {
 
 impl Release {
     async fn run(self) -> Result<()> {
-        self.stop.notify_one();
-        // Waits for a ping in progress: a command cut off midway would leave
-        // the connection's protocol state unknown.
-        let conn = self.conn.lock().await.take();
+        self.shared.forget(&self.lock, &self.lc);
+        let r = self.unlock().await;
+        drop(self.hold);
+        r
+    }
+
+    async fn unlock(&self) -> Result<()> {
+        let lc = &self.lc;
         let lost = || Error::LockLost {
             name: self.name.to_string(),
         };
-        let Some(mut conn) = conn else {
+        // Waits for a ping or nested acquisition in progress: a command cut
+        // off midway would leave the connection's protocol state unknown.
+        let mut slot = lc.conn.lock().await;
+        let Some(conn) = slot.as_mut() else {
             return Err(lost());
         };
-        let id = conn.id();
+        let last = lc.held.load(Ordering::Acquire) == 1;
+        let sql = if last { RELEASE_LAST_SQL } else { RELEASE_ONE_SQL };
+        let timeout = ping_timeout(Duration::ZERO);
         let answer = tokio::time::timeout(
-            self.timeout,
-            conn.exec_first::<(Option<i64>, Option<i64>), _, _>(RELEASE_SQL, (self.lock.as_str(),)),
+            timeout,
+            conn.exec_first::<(Option<i64>, Option<i64>), _, _>(sql, (self.lock.as_str(),)),
         )
         .await;
-        let r = match answer {
-            Ok(Ok(Some((Some(1), Some(0))))) => {
-                self.shared.connector.checkin(conn);
-                Ok(())
-            }
-            Ok(Ok(Some((Some(1), others)))) => {
-                // Released, but the session held something else too: never
-                // reuse it (it closes on drop).
-                tracing::warn!(lock = %self.lock, others = ?others, "dbmutex: a MySQL lock connection held other locks; closed");
+        // Every way out but a confirmed release ends the session: then the
+        // server frees whatever it held, and its other guards learn it.
+        let end_session = |slot: &mut Option<Conn>| {
+            drop(slot.take());
+            lc.lost.send_replace(true);
+            lc.stop.notify_one();
+        };
+        match answer {
+            Ok(Ok(Some((Some(1), rest)))) => {
+                lc.held.fetch_sub(1, Ordering::AcqRel);
+                if last {
+                    lc.stop.notify_one();
+                    let conn = slot.take().expect("checked above");
+                    if rest == Some(0) {
+                        self.shared.connector.checkin(conn);
+                    } else {
+                        tracing::warn!(lock = %self.lock, others = ?rest, "dbmutex: a MySQL lock session held other locks; closed");
+                    }
+                }
                 Ok(())
             }
             Ok(Ok(_)) => {
                 // 0: another session holds it; NULL: nobody does. Either way
                 // it was not ours any more.
-                self.lost.send_replace(true);
+                end_session(&mut slot);
                 Err(lost())
             }
-            Ok(Err(e @ mysql_async::Error::Server(_))) => Err(db_err(e, &self.name)),
-            Ok(Err(_)) => {
-                // The connection is gone, and its locks with it.
-                self.lost.send_replace(true);
-                Err(lost())
+            Ok(Err(e)) => {
+                let server = matches!(e, mysql_async::Error::Server(_));
+                end_session(&mut slot);
+                Err(if server { db_err(e, &self.name) } else { lost() })
             }
             Err(_) => {
-                // Fate unknown: close the connection and have the server end
-                // the session, which frees the lock.
-                drop(conn);
-                self.shared.connector.kill(id).await;
+                end_session(&mut slot);
+                drop(slot);
+                self.shared.connector.kill(lc.id).await;
                 Err(Error::Database(
-                    format!(
-                        "RELEASE_LOCK got no answer within {:?}; the connection was closed",
-                        self.timeout
-                    )
-                    .into(),
+                    format!("RELEASE_LOCK got no answer within {timeout:?}; the connection was closed")
+                        .into(),
                 ))
             }
-        };
-        drop(self.hold);
-        r
+        }
     }
 }
 
-/// Pings the lock's connection every `keepalive`; when a ping fails or gets
-/// no answer within `timeout`, closes the connection and reports the lock
-/// lost. Ends when the lock is released.
-async fn watch_conn(
-    shared: Arc<Shared>,
-    slot: Slot,
-    lost: Arc<watch::Sender<bool>>,
-    stop: Arc<Notify>,
-    keepalive: Duration,
-    timeout: Duration,
-) {
+/// Pings the session every `keepalive`; when a ping fails or gets no answer
+/// within `timeout`, closes the connection and reports its locks lost. Ends
+/// when the session is handed back or gone.
+async fn watch_conn(shared: Arc<Shared>, lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(keepalive) => {}
-            () = stop.notified() => return,
+            () = lc.stop.notified() => return,
         }
-        let mut guard = slot.lock().await;
-        let Some(conn) = guard.as_mut() else { return };
-        let id = conn.id();
+        let mut slot = lc.conn.lock().await;
+        let Some(conn) = slot.as_mut() else { return };
         let alive = matches!(tokio::time::timeout(timeout, conn.ping()).await, Ok(Ok(())));
         if !alive {
-            let dead = guard.take();
-            drop(guard);
-            lost.send_replace(true);
+            drop(slot.take());
+            drop(slot);
+            lc.lost.send_replace(true);
             tracing::warn!(
-                connection = id,
-                "dbmutex: MySQL lock connection is gone; lock lost"
+                connection = lc.id,
+                "dbmutex: MySQL lock connection is gone; its locks are lost"
             );
-            drop(dead);
             // If the server is still there, make sure the session ends.
-            shared.connector.kill(id).await;
+            shared.connector.kill(lc.id).await;
             return;
         }
     }

@@ -2,21 +2,25 @@
 //!
 //! # How locks are held
 //!
-//! Every guard owns a connection of its own, which holds exactly one lock.
-//! `GET_LOCK` blocks its connection while it waits and MySQL connections
-//! cannot pipeline, so a shared session would stall every other task; and a
-//! lock that lives on its own connection can be released by closing that
-//! connection, which needs no round trip and no runtime. The connection is a
-//! plain `mysql_async::Conn`, never a `mysql_async::Pool` member: the pool
-//! resets connections it takes back, and a reset silently releases every user
-//! lock. After a confirmed release (`RELEASE_LOCK` = 1 and `RELEASE_ALL_LOCKS`
-//! = 0 in one statement) the connection is clean and is kept, up to a few, for
-//! the next acquisition; any other outcome closes it.
+//! A lock lives on a server session of its own: `GET_LOCK` blocks its
+//! connection while it waits and MySQL connections cannot pipeline, so a
+//! session shared by unrelated tasks would stall them all; and a lock whose
+//! session holds nothing else can be released by closing the connection,
+//! with no round trip and no runtime. The one exception: an acquisition made
+//! inside a scoped call ([`Locker::with_lock`](crate::Locker::with_lock))
+//! that holds a lock of the same locker runs on that lock's session, as the
+//! Ruby gem's nested locks do, so the server sees who waits for whom.
 //!
-//! Tasks of one process first take an in-process hold on the lock string
-//! (fewer connections while waiting, hand-over without a server round trip);
-//! exclusion itself never depends on it, since every holder has its own
-//! session.
+//! Connections are plain `mysql_async::Conn`s, never `mysql_async::Pool`
+//! members: the pool resets connections it takes back, and a reset silently
+//! releases every user lock. When a session's last lock is released and the
+//! server confirms it holds nothing (`RELEASE_LOCK` = 1 and
+//! `RELEASE_ALL_LOCKS` = 0 in one statement), the connection is kept, up to
+//! a few, for the next acquisition; any other outcome closes it.
+//!
+//! Tasks of one process first take an in-process hold on the lock string,
+//! so a second acquisition of a held name waits (or is refused) exactly as
+//! on PostgreSQL, even inside a scoped call on the holder's session.
 //!
 //! # Waiting
 //!
@@ -24,10 +28,19 @@
 //! makes no difference here. A bounded wait passes the remaining time in
 //! fractional seconds; "wait forever" repeats `GET_LOCK(name, 3600)`
 //! (MariaDB rejects negative timeouts instead of waiting forever).
-//! Deadlocks between sessions are detected by the server: the requester
-//! that closes a cycle gets [`Error::Deadlock`] at once and keeps its other
-//! locks. Tasks of one [`Locker`](crate::Locker) that wait for each other in
-//! the in-process hold are not seen by the server; use timeouts there.
+//! If an acquisition is dropped while `GET_LOCK` runs, its session is
+//! killed (`KILL CONNECTION` from another connection), so the abandoned wait
+//! can never take the lock later.
+//!
+//! # Deadlocks
+//!
+//! The server detects a cycle among sessions that wait while holding:
+//! workers that nest scoped calls in opposite orders. The requester that
+//! closes the cycle gets [`Error::Deadlock`] at once and keeps its other
+//! locks. Locks held through separate guards live on separate sessions, so
+//! the server cannot relate them; neither can it see tasks of one
+//! [`Locker`](crate::Locker) waiting in the in-process hold. Use timeouts
+//! there, as with PostgreSQL's polling waits.
 //!
 //! # Semantics per server
 //!
@@ -52,16 +65,23 @@
 //!
 //! [`Locker::holders`](crate::Locker::holders) asks `IS_USED_LOCK` and joins
 //! `information_schema.PROCESSLIST` (a role without the `PROCESS` privilege
-//! sees only its own sessions' user and host). [`Locker::list`](crate::Locker::list)
-//! reads MariaDB's `information_schema.METADATA_LOCK_INFO`, which needs the
+//! sees only its own sessions' user and host). Its `since` is when the
+//! holder session's current command began (`NOW() - TIME`): for an idle
+//! client its last statement, for a dbmutex holder its last keepalive ping
+//! (pings reset it) — "seen alive at", not the lock's age.
+//! [`Locker::list`](crate::Locker::list) reads MariaDB's
+//! `information_schema.METADATA_LOCK_INFO`, which needs the
 //! `metadata_lock_info` plugin (`INSTALL SONAME 'metadata_lock_info'`; dbmutex
-//! never installs it), or MySQL 8's `performance_schema.metadata_locks`.
+//! never installs it; without it `list` is [`Error::Unsupported`] saying
+//! so), and there `since` is when the lock was acquired. On MySQL 8 it reads
+//! `performance_schema.metadata_locks` (from the documentation; not measured).
 
 mod conn;
 mod held;
 mod introspect;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
@@ -69,7 +89,7 @@ use mysql_async::Conn;
 use tokio::time::Instant;
 
 use conn::{Checkout, Connector, RunError};
-use held::MyHeld;
+use held::{Claim, LockConn, MyHeld};
 
 use crate::arbiter::Arbiter;
 use crate::guard::Held;
@@ -91,6 +111,23 @@ pub(crate) struct Shared {
     connector: Connector,
     /// Where guards spawn their watchers and queued releases.
     runtime: tokio::runtime::Handle,
+    /// The session holding each lock string this backend holds, for
+    /// acquisitions nested in a scoped call.
+    held: Mutex<HashMap<String, Arc<LockConn>>>,
+}
+
+impl Shared {
+    fn remember(&self, lock: &str, lc: &Arc<LockConn>) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.insert(lock.to_owned(), lc.clone());
+    }
+
+    fn forget(&self, lock: &str, lc: &Arc<LockConn>) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.get(lock).is_some_and(|h| Arc::ptr_eq(h, lc)) {
+            held.remove(lock);
+        }
+    }
 }
 
 pub(crate) struct MyBackend {
@@ -114,6 +151,16 @@ pub(crate) fn db_err(e: mysql_async::Error, name: &LockName) -> Error {
     }
 }
 
+fn null_err(lock: &str) -> Error {
+    Error::Database(
+        format!(
+            "GET_LOCK({lock:?}) returned NULL: the statement was killed, or the server rejected the name \
+             or the timeout"
+        )
+        .into(),
+    )
+}
+
 fn run_err(e: RunError, name: &LockName) -> Error {
     match e {
         RunError::Connect(e) => e,
@@ -132,6 +179,7 @@ impl MyBackend {
             shared: Arc::new(Shared {
                 connector,
                 runtime: tokio::runtime::Handle::current(),
+                held: Mutex::default(),
             }),
             arbiter: Arc::default(),
         })
@@ -165,18 +213,57 @@ impl MyBackend {
         let Some(hold) = self.arbiter.hold(&lock, Mode::Exclusive, deadline).await else {
             return Ok(None);
         };
+        // Inside a scoped call holding a lock of this backend, wait on that
+        // lock's session, as the gem does: the server then sees the whole
+        // chain and can detect a deadlock.
+        if let Some(claim) = self.enclosing(settings) {
+            if let Some(mut borrowed) = claim.borrow().await {
+                let r = self.get_lock(borrowed.conn(), &lock, deadline).await;
+                let lc = claim.lock_conn().clone();
+                return match r {
+                    Ok(GetLock::Acquired) => {
+                        borrowed.give_back(true);
+                        Ok(Some(Box::new(MyHeld::new(
+                            self.shared.clone(),
+                            lc,
+                            lock,
+                            name.clone(),
+                            hold,
+                        ))))
+                    }
+                    Ok(GetLock::TimedOut) => {
+                        borrowed.give_back(false);
+                        Ok(None)
+                    }
+                    Ok(GetLock::Null) => {
+                        borrowed.give_back(false);
+                        Err(null_err(&lock))
+                    }
+                    Err(e @ mysql_async::Error::Server(_)) => {
+                        // The session keeps the locks it held (a deadlock
+                        // victim too).
+                        borrowed.give_back(false);
+                        Err(db_err(e, name))
+                    }
+                    // Dropping `borrowed` closes the session and reports its
+                    // locks lost.
+                    Err(e) => Err(db_err(e, name)),
+                };
+            }
+            // The enclosing session is gone; its scoped call is stopping.
+        }
         let mut retried = false;
         loop {
             let Checkout { mut conn, reused } = self.shared.connector.checkout().await?;
             match self.get_lock(&mut conn, &lock, deadline).await {
                 Ok(GetLock::Acquired) => {
-                    return Ok(Some(Box::new(MyHeld::start(
+                    let lc = LockConn::start(&self.shared, conn, settings.keepalive);
+                    return Ok(Some(Box::new(MyHeld::new(
                         self.shared.clone(),
-                        conn,
+                        lc,
                         lock,
                         name.clone(),
                         hold,
-                        settings.keepalive,
                     ))));
                 }
                 // In the cases below the session holds nothing: GET_LOCK did
@@ -187,13 +274,7 @@ impl MyBackend {
                 }
                 Ok(GetLock::Null) => {
                     self.shared.connector.checkin(conn);
-                    return Err(Error::Database(
-                        format!(
-                            "GET_LOCK({lock:?}) returned NULL: the statement was killed, or the server \
-                             rejected the name or the timeout"
-                        )
-                        .into(),
-                    ));
+                    return Err(null_err(&lock));
                 }
                 Err(e @ mysql_async::Error::Server(_)) => {
                     self.shared.connector.checkin(conn);
@@ -211,6 +292,21 @@ impl MyBackend {
                 }
             }
         }
+    }
+
+    /// The session of the innermost scoped call of this task that holds a
+    /// lock of this backend, claimed for one nested acquisition.
+    fn enclosing(&self, settings: &Settings) -> Option<Claim> {
+        let scoped = crate::current_locks();
+        let held = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());
+        scoped
+            .iter()
+            .rev()
+            .filter(|h| h.backend == BackendKind::Mysql)
+            .filter_map(|h| mysql_lock_string(&h.name, &settings.prefix).ok())
+            .find_map(|key| held.get(&key).cloned())
+            .filter(|lc| !lc.is_lost())
+            .and_then(|lc| lc.claim())
     }
 
     /// `GET_LOCK` until acquired, refused (the deadline passed) or NULL.

@@ -13,6 +13,9 @@
 //!   guard, because a blocked statement would stall the shared session.
 //! - **Your own transaction**: [`lock_xact`] takes a transaction-level lock in
 //!   a `tokio_postgres::Transaction` you own.
+//! - **Behind a transaction pooler** (PgBouncer `pool_mode = transaction`),
+//!   which dbmutex detects when it connects, session locks fail with
+//!   [`Error::Unsupported`]; use [`LockOptions::transaction`].
 //!
 //! A lock lives as long as its connection: when the connection ends (server
 //! restart, `pg_terminate_backend`, network failure noticed by TCP
@@ -21,6 +24,7 @@
 
 mod conn;
 mod handoff;
+mod pooler;
 mod sql;
 
 use std::sync::{Arc, Mutex};
@@ -128,20 +132,24 @@ pub(crate) struct PgBackend {
     arbiter: Arc<Arbiter<PgKey>>,
     /// Handles the hand-off channel's messages on the lock session.
     on_notify: NotifyHandler,
+    /// A transaction pooler shares server sessions: session locks are refused.
+    shared_sessions: bool,
 }
 
 impl PgBackend {
     pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
         let arbiter: Arc<Arbiter<PgKey>> = Arc::default();
-        let backend = PgBackend {
+        let mut backend = PgBackend {
             connector: Connector::from_url(url, settings)?,
             session: LazyConn::default(),
             probe: LazyConn::default(),
             arbiter: arbiter.clone(),
             on_notify: handoff::handler(arbiter),
+            shared_sessions: false,
         };
         // Connect now, so a bad URL, server or password fails here.
-        backend.session(settings).await?;
+        let session = backend.session(settings).await?;
+        backend.shared_sessions = pooler::shares_sessions(&backend.connector, &session, settings).await?;
         Ok(backend)
     }
 
@@ -161,6 +169,9 @@ impl PgBackend {
         opts: &LockOptions,
         settings: &Settings,
     ) -> Result<Option<Box<dyn Held>>> {
+        if self.shared_sessions && !opts.transaction {
+            return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+        }
         let key = pg_key(name, &settings.prefix);
         if opts.transaction || opts.strategy == WaitStrategy::Server {
             return self.acquire_dedicated(name, key, opts, settings).await;

@@ -1,0 +1,136 @@
+//! The raw-SQL floor: what the driver alone costs, measured in the same run.
+//!
+//! - `rtt`: one prepared `SELECT 1` per operation on one connection.
+//! - `floor`: PostgreSQL prepared `SELECT pg_try_advisory_lock($1, $2)` +
+//!   `SELECT pg_advisory_unlock($1, $2)`, as pgbench `-M prepared` runs them;
+//!   MySQL prepared `SELECT GET_LOCK(?, 0)` + `SELECT RELEASE_LOCK(?)`. Each
+//!   client has its own connection and its own key.
+
+use std::sync::Arc;
+
+use anyhow::ensure;
+use mysql_async::prelude::Queryable;
+use tokio::sync::Barrier;
+
+use crate::backend::Kind;
+use crate::report::Row;
+use crate::scenarios::Env;
+use crate::stats::{Sample, Timer};
+use crate::{clients, raw};
+
+/// Round trips of a prepared `SELECT 1` on one connection.
+pub async fn rtt(env: &Env) -> anyhow::Result<Row> {
+    let app = env.app("rtt");
+    let (url, dur) = (env.url.clone(), env.p.duration);
+    let kind = env.kind;
+    let s = clients::run(1, move |_, barrier| {
+        let (url, app) = (url.clone(), app.clone());
+        async move {
+            match kind {
+                Kind::Postgres => {
+                    let c = raw::pg_connect(&url, &app).await?;
+                    let one = c.prepare("SELECT 1").await?;
+                    barrier.wait().await;
+                    let mut t = Timer::run_for(dur);
+                    while t.start() {
+                        c.query_one(&one, &[]).await?;
+                        t.stop();
+                    }
+                    Ok(t.finish())
+                }
+                _ => {
+                    let mut c = raw::my_connect(&url).await?;
+                    let one = c.prep("SELECT 1").await?;
+                    barrier.wait().await;
+                    let mut t = Timer::run_for(dur);
+                    while t.start() {
+                        let _: Option<i64> = c.exec_first(&one, ()).await?;
+                        t.stop();
+                    }
+                    Ok(t.finish())
+                }
+            }
+        }
+    })
+    .await?;
+    let mut row = Row::new("rtt", kind.as_str(), 1, s.lat, s.seconds);
+    row.connections = Some(1);
+    Ok(row)
+}
+
+/// The raw lock cycle on `n` connections at once.
+pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
+    let app = env.app(&format!("floor-{n}"));
+    let sampler = env.sampler(&app, vec![]);
+    let (url, dur, kind) = (env.url.clone(), env.p.duration, env.kind);
+    let names: Vec<String> = (0..n).map(|i| env.name("floor", i)).collect();
+    let s = clients::run(n, move |i, barrier| {
+        let (url, app, name) = (url.clone(), app.clone(), names[i].clone());
+        async move {
+            match kind {
+                Kind::Postgres => pg_client(&url, &app, i, barrier, dur).await,
+                _ => my_client(&url, &name, barrier, dur).await,
+            }
+        }
+    })
+    .await?;
+    let mut row = Row::new("floor", kind.as_str(), n, s.lat, s.seconds);
+    row.connections = match kind {
+        Kind::Postgres => sampler.finish().await,
+        // The MySQL probe counts lock owners; the floor's own connections
+        // are known: one per client.
+        _ => Some(n as i64),
+    };
+    Ok(row)
+}
+
+async fn pg_client(
+    url: &str,
+    app: &str,
+    i: usize,
+    barrier: Arc<Barrier>,
+    dur: std::time::Duration,
+) -> anyhow::Result<Sample> {
+    let c = raw::pg_connect(url, app).await?;
+    let lock = c.prepare("SELECT pg_try_advisory_lock($1, $2)").await?;
+    let unlock = c.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
+    // Our process id as the second key keeps concurrent runs apart.
+    let (k1, k2) = (i as i32, (std::process::id() & 0x7fff_ffff) as i32);
+    barrier.wait().await;
+    let mut t = Timer::run_for(dur);
+    while t.start() {
+        let got: bool = c.query_one(&lock, &[&k1, &k2]).await?.get(0);
+        ensure!(got, "floor key ({k1}, {k2}) is held by another session");
+        let freed: bool = c.query_one(&unlock, &[&k1, &k2]).await?.get(0);
+        ensure!(freed, "floor key ({k1}, {k2}) was not held at unlock");
+        t.stop();
+    }
+    Ok(t.finish())
+}
+
+async fn my_client(
+    url: &str,
+    name: &str,
+    barrier: Arc<Barrier>,
+    dur: std::time::Duration,
+) -> anyhow::Result<Sample> {
+    let mut c = raw::my_connect(url).await?;
+    let lock = c.prep("SELECT GET_LOCK(?, 0)").await?;
+    let unlock = c.prep("SELECT RELEASE_LOCK(?)").await?;
+    barrier.wait().await;
+    let mut t = Timer::run_for(dur);
+    while t.start() {
+        let got: Option<Option<i64>> = c.exec_first(&lock, (name,)).await?;
+        ensure!(
+            got == Some(Some(1)),
+            "floor lock {name:?} is held by another session"
+        );
+        let freed: Option<Option<i64>> = c.exec_first(&unlock, (name,)).await?;
+        ensure!(
+            freed == Some(Some(1)),
+            "floor lock {name:?} was not held at release"
+        );
+        t.stop();
+    }
+    Ok(t.finish())
+}

@@ -1,0 +1,35 @@
+//! Raw driver connections, with no dbmutex logic: for the floor, the round
+//! trip and the connection counts.
+
+use anyhow::{bail, Context};
+use tokio_postgres::config::SslMode;
+
+/// A plaintext tokio-postgres connection that the server lists under `app`.
+pub async fn pg_connect(url: &str, app: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let mut config: tokio_postgres::Config = url.parse().context("bad PostgreSQL URL")?;
+    if config.get_ssl_mode() != SslMode::Disable {
+        bail!(
+            "raw connections are plaintext: use sslmode=disable (or leave sslmode out) \
+             so dbmutex and the floor are measured on the same transport"
+        );
+    }
+    config.application_name(app);
+    let (client, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .with_context(|| format!("connecting to {}", dbmutex::redact_url(url)))?;
+    tokio::spawn(async move {
+        // Ends when the client is dropped; an error then is of no interest.
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// A MySQL / MariaDB connection (a plain `Conn`: pools reset connections,
+/// which would release user locks).
+pub async fn my_connect(url: &str) -> anyhow::Result<mysql_async::Conn> {
+    let opts = mysql_async::Opts::from_url(url).context("bad MySQL URL")?;
+    mysql_async::Conn::new(opts)
+        .await
+        .with_context(|| format!("connecting to {}", dbmutex::redact_url(url)))
+}

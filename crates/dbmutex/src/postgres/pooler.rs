@@ -1,0 +1,90 @@
+//! Detecting a transaction-pooling proxy (PgBouncer `pool_mode = transaction`
+//! or `statement`, and poolers that behave alike) between us and PostgreSQL.
+//!
+//! Behind such a pooler a client's statements run on whichever server
+//! session is free when a transaction starts, so a session-level advisory
+//! lock stays on a server session that other clients use next: they "hold"
+//! the lock too (session locks are re-entrant), and our own unlock may land
+//! elsewhere and fail. Transaction-level locks in a held-open transaction
+//! are safe, because the pooler pins the client to one server session until
+//! the transaction ends.
+//!
+//! No pooler announces its mode in-band (PgBouncer answers `SHOW` only on its
+//! admin console, and reports a made-up `BackendKeyData` in every mode), so
+//! the check is behavioural, and needs no setting from the user:
+//!
+//! 1. the lock session asks `pg_backend_pid()` → `p1`;
+//! 2. a second connection opens a transaction and asks `pg_backend_pid()` →
+//!    `q`, and keeps the transaction open (pinning its server session);
+//! 3. the lock session asks again → `p2`; then the transaction is rolled back.
+//!
+//! A session of its own (direct connection, or a session-pooling proxy)
+//! always gives `p1 == p2` and `q != p1`: no false alarm is possible. A
+//! transaction pooler gives the freed `p1` to the second connection (PgBouncer
+//! reuses the most recently released server session first), or, if it hands
+//! out another one, step 3 can still land elsewhere. Without other traffic
+//! on the pool PgBouncer's default (LIFO) reuse makes `q == p1` certain; busy
+//! pools make detection likely rather than certain.
+
+use std::time::Duration;
+
+use super::{first_text, Connector, PgConn};
+use crate::locker::Settings;
+use crate::{Error, Result};
+
+/// The message of the [`Error::Unsupported`] a session lock gets behind a
+/// transaction pooler.
+pub(crate) const SESSION_LOCKS_UNSAFE: &str =
+    "this connection goes through a transaction-pooling proxy (e.g. PgBouncer with \
+     pool_mode=transaction), which shares server sessions between clients: session-level \
+     advisory locks would not exclude anyone. Use LockOptions::transaction(true), or connect \
+     to PostgreSQL directly or through a session-pooling proxy";
+
+async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
+    let msgs = conn
+        .client
+        .simple_query(sql)
+        .await
+        .map_err(|e| Error::Connect(Box::new(e)))?;
+    first_text(&msgs)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| Error::Connect("pg_backend_pid() returned no number".into()))
+}
+
+/// True when `session`'s statements are not bound to one server session
+/// (see the module docs).
+pub(crate) async fn shares_sessions(
+    connector: &Connector,
+    session: &PgConn,
+    settings: &Settings,
+) -> Result<bool> {
+    let p1 = backend_pid(session, "SELECT pg_backend_pid()").await?;
+    let other = connector.connect(settings, None).await?;
+    let verdict = async {
+        let q = backend_pid(&other, "BEGIN; SELECT pg_backend_pid()").await?;
+        if q == p1 {
+            return Ok::<_, Error>(true);
+        }
+        // A pool with no free server session would queue this statement until
+        // the other transaction ends: end it after a while, then look again.
+        let again = backend_pid(session, "SELECT pg_backend_pid()");
+        tokio::pin!(again);
+        let p2 = match tokio::time::timeout(Duration::from_secs(1), &mut again).await {
+            Ok(p2) => p2?,
+            Err(_) => {
+                let _ = other.client.batch_execute("ROLLBACK").await;
+                again.await?
+            }
+        };
+        Ok(p2 != p1)
+    }
+    .await;
+    // End the pinning transaction cleanly, so the pooler keeps its server session.
+    let _ = other.client.batch_execute("ROLLBACK").await;
+    other.close();
+    let verdict = verdict?;
+    if verdict {
+        tracing::warn!("dbmutex: {SESSION_LOCKS_UNSAFE}");
+    }
+    Ok(verdict)
+}

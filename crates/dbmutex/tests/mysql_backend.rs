@@ -1,0 +1,631 @@
+//! MySQL/MariaDB-specific behaviour, against the real server
+//! (env `DBMUTEX_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`).
+//! Behaviour shared with the other backends is in `behaviour.rs`.
+//!
+//! Two lockers stand for two processes: each has its own connections.
+//! "Raw" connections are plain mysql_async sessions with no dbmutex logic,
+//! as another program (the Ruby gem, an operator's client) would be.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{mysql_raw, mysql_url, unique, CancelAfter};
+use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+
+const SETTLE: Duration = Duration::from_secs(3);
+
+async fn locker() -> Locker {
+    connect(Locker::builder(&mysql_url())).await
+}
+
+async fn connect(b: dbmutex::LockerBuilder) -> Locker {
+    match b.connect().await {
+        Ok(l) => l,
+        Err(e) => panic!(
+            "cannot reach the MySQL test server at {}: {e} (start it, or set DBMUTEX_TEST_MYSQL_URL)",
+            dbmutex::redact_url(&mysql_url())
+        ),
+    }
+}
+
+/// The connection id holding `key`, as the server reports it.
+async fn used_by(c: &mut Conn, key: &str) -> Option<i64> {
+    let row: Option<(Option<i64>,)> = c.exec_first("SELECT IS_USED_LOCK(?)", (key,)).await.unwrap();
+    row.and_then(|(id,)| id)
+}
+
+/// Whether `key` becomes free within `within` (for unlocks queued in the background).
+async fn freed_within(c: &mut Conn, key: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if used_by(c, key).await.is_none() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One scalar from a statement with parameters.
+async fn scalar(c: &mut Conn, sql: &str, params: impl Into<mysql_async::Params> + Send) -> Option<i64> {
+    let row: Option<(Option<i64>,)> = c.exec_first(sql, params).await.unwrap();
+    row.and_then(|(v,)| v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_lockers_exclude_each_other_and_raw_sessions() {
+    let (a, b) = (locker().await, locker().await);
+    let name = unique("excl");
+    let key = a.key_of(name.as_str()).unwrap();
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(b.try_lock(name.as_str()).await.unwrap().is_none());
+    assert!(b.is_locked(name.as_str()).await.unwrap());
+    let mut raw = mysql_raw().await;
+    assert_eq!(
+        scalar(&mut raw, "SELECT GET_LOCK(?, 0)", (key.as_str(),)).await,
+        Some(0),
+        "a raw session is refused"
+    );
+    g.release().await.unwrap();
+
+    // The other way round: a raw GET_LOCK of the same string (as the Ruby gem
+    // issues it) keeps dbmutex out.
+    assert_eq!(
+        scalar(&mut raw, "SELECT GET_LOCK(?, 0)", (key.as_str(),)).await,
+        Some(1)
+    );
+    assert!(a.try_lock(name.as_str()).await.unwrap().is_none());
+    let holders = a.holders(name.as_str()).await.unwrap();
+    assert_eq!(holders.len(), 1);
+    assert_eq!(holders[0].pid, i64::from(raw.id()));
+    scalar(&mut raw, "SELECT RELEASE_LOCK(?)", (key.as_str(),)).await;
+    a.try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("free after the raw release")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_acquisitions_never_overlap() {
+    const PER_TASK: usize = 80;
+    let name = unique("count");
+    let occupied = Arc::new(AtomicBool::new(false));
+    let sections = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let l = locker().await;
+        for _ in 0..2 {
+            let (l, name, occupied, sections) = (l.clone(), name.clone(), occupied.clone(), sections.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..PER_TASK {
+                    let opts = if i % 5 == 0 {
+                        LockOptions::new().timeout(Duration::from_secs(30))
+                    } else {
+                        LockOptions::new()
+                    };
+                    let g = l.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+                    assert!(!occupied.swap(true, Ordering::SeqCst), "two holders at once");
+                    tokio::task::yield_now().await;
+                    sections.fetch_add(1, Ordering::SeqCst);
+                    occupied.store(false, Ordering::SeqCst);
+                    if i % 3 == 0 {
+                        drop(g);
+                    } else {
+                        g.release().await.unwrap();
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(sections.load(Ordering::SeqCst), 4 * PER_TASK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_second_timeout_is_honoured() {
+    let (a, b) = (locker().await, locker().await);
+    let name = unique("timeout");
+    let _g = a.lock(name.as_str()).await.unwrap();
+    // GET_LOCK always waits in the server: both strategies behave the same.
+    for strategy in [WaitStrategy::Poll, WaitStrategy::Server] {
+        let opts = LockOptions::new()
+            .timeout(Duration::from_millis(300))
+            .wait_strategy(strategy);
+        let start = Instant::now();
+        assert!(b.acquire(name.as_str(), &opts).await.unwrap().is_none());
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_millis(400),
+            "{strategy:?}: waited {waited:?}"
+        );
+    }
+    let start = Instant::now();
+    assert!(b.try_lock(name.as_str()).await.unwrap().is_none());
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_forever_acquires_after_release() {
+    let (a, b) = (locker().await, locker().await);
+    let name = unique("forever");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let n2 = name.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b.lock(n2.as_str()).await.unwrap();
+        let at = Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let handoff = waiter.await.unwrap() - released;
+    assert!(handoff < Duration::from_millis(100), "hand-off took {handoff:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_and_transaction_locks_are_unsupported() {
+    let a = locker().await;
+    let name = unique("unsupported");
+    match a.acquire(name.as_str(), &LockOptions::new().shared(true)).await {
+        Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL or the local backend"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    match a
+        .acquire(name.as_str(), &LockOptions::new().transaction(true))
+        .await
+    {
+        Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    match a.try_lock(dbmutex::LockName::raw_i64(7)).await {
+        Err(Error::Unsupported(m)) => assert!(m.contains("string or integer"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.held_count(), 0);
+    assert!(!a.is_locked(name.as_str()).await.unwrap());
+}
+
+/// Two workers take two locks in opposite orders, each in a scoped call
+/// nested in the other's: the server sees the cycle (nested acquisitions run
+/// on the enclosing lock's session) and tells the one that closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
+    let (a, b) = (locker().await, locker().await);
+    let (n1, n2) = (unique("dl1"), unique("dl2"));
+    let both_in = Arc::new(tokio::sync::Barrier::new(2));
+    let first = tokio::spawn({
+        let (a, n1, n2, both_in) = (a.clone(), n1.clone(), n2.clone(), both_in.clone());
+        async move {
+            a.with_lock(n1.as_str(), &LockOptions::new(), || async {
+                both_in.wait().await;
+                a.with_lock(n2.as_str(), &LockOptions::new(), || async { "both" })
+                    .await
+            })
+            .await
+        }
+    });
+    let (n1b, n2b) = (n1.clone(), n2.clone());
+    let second = b
+        .with_lock(n2b.as_str(), &LockOptions::new(), || async {
+            both_in.wait().await;
+            // Let the first worker start waiting for n2 in the server.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!first.is_finished());
+            let start = Instant::now();
+            let inner = b.with_lock(n1b.as_str(), &LockOptions::new(), || async {}).await;
+            let took = start.elapsed();
+            // The victim keeps what it held: the first worker still waits.
+            assert!(b.is_locked(n2b.as_str()).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(!first.is_finished());
+            (inner, took)
+        })
+        .await
+        .unwrap();
+    let (inner, took) = second.acquired().expect("outer lock acquired");
+    let err = inner.unwrap_err();
+    assert!(err.is_deadlock(), "{err:?}");
+    assert_eq!(err.sqlstate().as_deref(), Some("40001"));
+    assert!(
+        took < Duration::from_millis(500),
+        "deadlock reported after {took:?}"
+    );
+    let got = tokio::time::timeout(SETTLE, first)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.acquired().and_then(|r| r.unwrap().acquired()), Some("both"));
+    assert_eq!((a.held_count(), b.held_count()), (0, 0));
+    let mut raw = mysql_raw().await;
+    for n in [&n1, &n2] {
+        assert!(freed_within(&mut raw, &a.key_of(n.as_str()).unwrap(), SETTLE).await);
+    }
+}
+
+/// Nested scoped calls share the enclosing lock's session; their locks are
+/// released one by one, and the session is reused only once it holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_scoped_locks_share_a_session() {
+    let a = locker().await;
+    let (n1, n2) = (unique("outer"), unique("inner"));
+    let (k1, k2) = (a.key_of(n1.as_str()).unwrap(), a.key_of(n2.as_str()).unwrap());
+    let mut raw = mysql_raw().await;
+    let out = a
+        .with_lock(n1.as_str(), &LockOptions::new(), || async {
+            let outer = used_by(&mut raw, &k1).await.unwrap();
+            let g = a.lock(n2.as_str()).await.unwrap();
+            assert_eq!(used_by(&mut raw, &k2).await, Some(outer), "same session");
+            // A guard of the same name is still refused in-process.
+            assert!(a.try_lock(n2.as_str()).await.unwrap().is_none());
+            g.release().await.unwrap();
+            assert_eq!(used_by(&mut raw, &k2).await, None);
+            assert_eq!(used_by(&mut raw, &k1).await, Some(outer), "outer still held");
+            let inner = a
+                .with_lock(n2.as_str(), &LockOptions::try_once(), || async {})
+                .await
+                .unwrap();
+            assert!(inner.was_acquired());
+            outer
+        })
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    assert_eq!(used_by(&mut raw, &k1).await, None);
+    assert_eq!(used_by(&mut raw, &k2).await, None);
+    // The session came back clean and serves the next lock.
+    let g = a.lock(n2.as_str()).await.unwrap();
+    assert_eq!(used_by(&mut raw, &k2).await, Some(out));
+    assert_eq!(used_by(&mut raw, &k1).await, None);
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_connection_is_reported_lost() {
+    let a = connect(Locker::builder(&mysql_url()).keepalive(Duration::from_millis(100))).await;
+    let b = locker().await;
+    let name = unique("kill");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let pid = a.holders(name.as_str()).await.unwrap()[0].pid;
+    let mut raw = mysql_raw().await;
+    let start = Instant::now();
+    raw.query_drop(format!("KILL {pid}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("loss reported within keepalive + ping timeout");
+    assert!(!g.is_held());
+    eprintln!("loss reported {:?} after KILL", start.elapsed());
+    match g.release().await {
+        Err(Error::LockLost { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Never re-acquired behind the caller's back; others can take it.
+    let key = a.key_of(name.as_str()).unwrap();
+    assert_eq!(used_by(&mut raw, &key).await, None);
+    b.try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_guard_frees_the_lock() {
+    let a = locker().await;
+    let name = unique("drop");
+    let key = a.key_of(name.as_str()).unwrap();
+    let mut raw = mysql_raw().await;
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(used_by(&mut raw, &key).await.is_some());
+    let t = Instant::now();
+    drop(g);
+    assert!(
+        t.elapsed() < Duration::from_millis(5),
+        "drop blocked {:?}",
+        t.elapsed()
+    );
+    let mut raw2 = mysql_raw().await;
+    assert!(freed_within(&mut raw, &key, SETTLE).await);
+    assert_eq!(used_by(&mut raw2, &key).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_leave_nothing_held() {
+    let a = locker().await;
+    let holder = locker().await;
+    let mut raw = mysql_raw().await;
+    // Uncontended, a fresh locker each time (so connecting is an await point
+    // too): cancel at every await point in turn.
+    let name = unique("cancel");
+    let key = a.key_of(name.as_str()).unwrap();
+    for n in 0.. {
+        let fresh = locker().await;
+        let idle = n % 2 == 0;
+        let l = if idle { &a } else { &fresh };
+        match CancelAfter::new(l.acquire(name.as_str(), &LockOptions::new()), n / 2).await {
+            Some(g) => {
+                g.unwrap().unwrap().release().await.unwrap();
+                if !idle {
+                    break;
+                }
+            }
+            None => assert!(
+                freed_within(&mut raw, &key, SETTLE).await,
+                "held after a cancellation at await point {}",
+                n / 2
+            ),
+        }
+        assert!(n < 400, "never completed");
+    }
+
+    // Contended: a GET_LOCK is running in the server when the future is
+    // dropped. The abandoned session must never get the lock, not even for a
+    // moment after the holder lets go.
+    let name = unique("cancel-busy");
+    let key = a.key_of(name.as_str()).unwrap();
+    let g = holder.lock(name.as_str()).await.unwrap();
+    let holder_pid = used_by(&mut raw, &key).await.unwrap();
+    let waiting = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move { a.lock(name.as_str()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    g.release().await.unwrap();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let by = used_by(&mut raw, &key).await;
+        assert!(by.is_none(), "taken by {by:?} (holder was {holder_pid})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(a.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_connections_are_reused_clean() {
+    let a = locker().await;
+    let mut raw = mysql_raw().await;
+    let (n1, n2) = (unique("reuse1"), unique("reuse2"));
+    let (k1, k2) = (a.key_of(n1.as_str()).unwrap(), a.key_of(n2.as_str()).unwrap());
+    let g1 = a.lock(n1.as_str()).await.unwrap();
+    let conn1 = used_by(&mut raw, &k1).await.unwrap();
+    g1.release().await.unwrap();
+    assert_eq!(
+        used_by(&mut raw, &k1).await,
+        None,
+        "IS_USED_LOCK is NULL after release"
+    );
+    let g2 = a.lock(n2.as_str()).await.unwrap();
+    assert_eq!(
+        used_by(&mut raw, &k2).await,
+        Some(conn1),
+        "the released connection is reused"
+    );
+    assert_eq!(used_by(&mut raw, &k1).await, None, "and holds nothing else");
+    drop(g2);
+    assert!(freed_within(&mut raw, &k2, SETTLE).await);
+    let g1 = a.lock(n1.as_str()).await.unwrap();
+    assert_eq!(
+        used_by(&mut raw, &k1).await,
+        Some(conn1),
+        "reused after a drop too"
+    );
+    assert_eq!(used_by(&mut raw, &k2).await, None);
+    g1.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_and_long_names() {
+    let (a, b) = (locker().await, locker().await);
+    let mut raw = mysql_raw().await;
+    let long_ascii = format!("{}-{}", unique("long"), "x".repeat(300));
+    let long_wide = format!("{}-{}", unique("wide"), "ünïcødé 😀 ".repeat(30));
+    let quotes = format!("{}-it's \"quoted\" `back` \\ ; --", unique("q"));
+    for name in [long_ascii.as_str(), long_wide.as_str(), quotes.as_str()] {
+        let key = a.key_of(name).unwrap();
+        assert!(key.chars().count() <= 64 && key.len() <= 192, "{key:?}");
+        let g = a.try_lock(name).await.unwrap().expect("free");
+        assert!(used_by(&mut raw, &key).await.is_some(), "{key:?}");
+        assert!(b.try_lock(name).await.unwrap().is_none());
+        g.release().await.unwrap();
+        assert_eq!(used_by(&mut raw, &key).await, None);
+    }
+    // Two long names with one head are two locks.
+    let head = unique("head").repeat(5);
+    let (x, y) = (format!("{head}-x"), format!("{head}-y"));
+    let gx = a.try_lock(x.as_str()).await.unwrap().unwrap();
+    let gy = b.try_lock(y.as_str()).await.unwrap().expect("distinct lock");
+    drop((gx, gy));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_and_is_locked() {
+    let (a, b) = (locker().await, locker().await);
+    let name = unique("holders");
+    assert!(!b.is_locked(name.as_str()).await.unwrap());
+    assert!(b.holders(name.as_str()).await.unwrap().is_empty());
+    let g = a.lock(name.as_str()).await.unwrap();
+    let key = a.key_of(name.as_str()).unwrap();
+    let mut raw = mysql_raw().await;
+    let pid = used_by(&mut raw, &key).await.unwrap();
+    let hs = b.holders(name.as_str()).await.unwrap();
+    assert_eq!(hs.len(), 1, "{hs:?}");
+    let h = &hs[0];
+    assert_eq!(h.pid, pid);
+    assert_eq!(h.user.as_deref(), Some("root"));
+    assert!(
+        h.client.as_deref().is_some_and(|c| c.starts_with("127.0.0.1:")),
+        "{h:?}"
+    );
+    assert!(h.since.is_some(), "{h:?}");
+    assert!(b.is_locked(name.as_str()).await.unwrap());
+    g.release().await.unwrap();
+    assert!(!b.is_locked(name.as_str()).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_needs_the_metadata_lock_info_plugin() {
+    let a = locker().await;
+    let name = unique("list");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let listed = match a.list().await {
+        Ok(l) => l,
+        Err(Error::Unsupported(m)) => {
+            assert!(m.contains("INSTALL SONAME 'metadata_lock_info'"), "{m}");
+            // The library never installs it; the test server may.
+            let mut raw = mysql_raw().await;
+            if let Err(e) = raw.query_drop("INSTALL SONAME 'metadata_lock_info'").await {
+                // 1968: already installed by a concurrent test run.
+                assert!(
+                    matches!(&e, mysql_async::Error::Server(s) if s.code == 1968),
+                    "{e}"
+                );
+            }
+            a.list().await.unwrap()
+        }
+        Err(e) => panic!("{e:?}"),
+    };
+    let key = a.key_of(name.as_str()).unwrap();
+    let mine: Vec<_> = listed.iter().filter(|l| l.key == key).collect();
+    assert_eq!(mine.len(), 1, "{listed:?}");
+    assert_eq!(mine[0].name.as_deref(), Some(name.as_str()));
+    assert_eq!(mine[0].holder.pid, a.holders(name.as_str()).await.unwrap()[0].pid);
+    g.release().await.unwrap();
+    assert!(a.list().await.unwrap().iter().all(|l| l.key != key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_are_typed_and_redacted() {
+    let t = Instant::now();
+    let err = Locker::connect("mysql://root:s3cr3t-pw@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    let bad_pw = mysql_url().replacen("root@", "root:s3cr3t-pw@", 1);
+    let err = Locker::connect(&bad_pw).await.unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert_eq!(err.sqlstate().as_deref(), Some("28000"), "{err}");
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+    let err = Locker::connect("mysql://root:s3cr3t-pw@127.0.0.1:3306/test?bogus=1")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(!err.to_string().contains("s3cr3t"), "{err}");
+    // A connect that gets no answer ends at the connect timeout (TEST-NET-1
+    // is unroutable by definition).
+    let t = Instant::now();
+    let err = Locker::builder("mysql://root@192.0.2.1:3306/test")
+        .connect_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_scheme_is_accepted() {
+    let url = mysql_url().replacen("mysql://", "mariadb://", 1);
+    let a = connect(Locker::builder(&url)).await;
+    assert_eq!(a.backend(), dbmutex::BackendKind::Mysql);
+    let b = locker().await;
+    let name = unique("scheme");
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(b.try_lock(name.as_str()).await.unwrap().is_none());
+    g.release().await.unwrap();
+}
+
+/// What the server does, as the module docs describe it (MariaDB 10.11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_semantics_as_documented() {
+    let mut s1 = mysql_raw().await;
+    let mut s2 = mysql_raw().await;
+    let key = unique("Sem");
+    // Counted re-entrancy on one session.
+    for _ in 0..2 {
+        assert_eq!(
+            scalar(&mut s1, "SELECT GET_LOCK(?, 0)", (key.as_str(),)).await,
+            Some(1)
+        );
+    }
+    assert_eq!(
+        scalar(&mut s1, "SELECT RELEASE_LOCK(?)", (key.as_str(),)).await,
+        Some(1)
+    );
+    assert_eq!(
+        scalar(&mut s2, "SELECT IS_FREE_LOCK(?)", (key.as_str(),)).await,
+        Some(0),
+        "still held once"
+    );
+    assert_eq!(
+        scalar(&mut s1, "SELECT RELEASE_LOCK(?)", (key.as_str(),)).await,
+        Some(1)
+    );
+    assert_eq!(
+        scalar(&mut s1, "SELECT RELEASE_LOCK(?)", (key.as_str(),)).await,
+        None
+    );
+    // Case-sensitive names on MariaDB.
+    scalar(&mut s1, "SELECT GET_LOCK(?, 0)", (key.as_str(),)).await;
+    assert_eq!(
+        scalar(&mut s2, "SELECT IS_FREE_LOCK(?)", (key.to_lowercase(),)).await,
+        Some(1)
+    );
+    // Fractional timeouts are honoured; negative ones are rejected (NULL).
+    let t = Instant::now();
+    assert_eq!(
+        scalar(&mut s2, "SELECT GET_LOCK(?, ?)", (key.as_str(), 0.25f64)).await,
+        Some(0)
+    );
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(350),
+        "{waited:?}"
+    );
+    assert_eq!(
+        scalar(&mut s2, "SELECT GET_LOCK(?, ?)", (key.as_str(), -1f64)).await,
+        None
+    );
+    // RELEASE_LOCK of another session's lock: 0, and the lock stays.
+    assert_eq!(
+        scalar(&mut s2, "SELECT RELEASE_LOCK(?)", (key.as_str(),)).await,
+        Some(0)
+    );
+    // The release statement dbmutex uses: ours first, then proof of nothing else.
+    let row: Option<(Option<i64>, Option<i64>)> = s1
+        .exec_first("SELECT RELEASE_LOCK(?), RELEASE_ALL_LOCKS()", (key.as_str(),))
+        .await
+        .unwrap();
+    assert_eq!(row, Some((Some(1), Some(0))));
+    // A reset connection has lost its user locks: why dbmutex never uses a
+    // resetting pool for lock connections.
+    scalar(&mut s1, "SELECT GET_LOCK(?, 0)", (key.as_str(),)).await;
+    assert!(s1.reset().await.unwrap());
+    assert_eq!(used_by(&mut s2, &key).await, None);
+}

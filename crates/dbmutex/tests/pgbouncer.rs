@@ -1,0 +1,337 @@
+//! PgBouncer between dbmutex and PostgreSQL (issue #6, the gem's issue #43).
+//!
+//! Each test starts its own `pgbouncer` on a free loopback port, in front of
+//! the test database, with a pool of two server sessions so that clients
+//! really share them; the process is killed when the test ends, pass or fail.
+//!
+//! - In transaction pooling, plain session locks do not exclude: two raw
+//!   clients both "get" the same lock, and one can unlock the other's.
+//! - dbmutex notices the pooler at connect and refuses session locks with
+//!   `Error::Unsupported`; its transaction-level locks keep exclusion through
+//!   the same pooler under real concurrency.
+//! - A session-pooling PgBouncer is not flagged: session locks are safe there.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{pg_raw, unique};
+use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
+
+/// A pgbouncer process of this test; killed on drop.
+struct PgBouncer {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl PgBouncer {
+    /// Starts pgbouncer with `pool_mode` and two server sessions per pool,
+    /// and waits until it answers. Panics (with its log) when it cannot.
+    async fn start(pool_mode: &str) -> PgBouncer {
+        let dir = std::env::temp_dir().join(unique("pgbouncer"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let users = dir.join("users.txt");
+        std::fs::write(&users, "\"postgres\" \"\"\n").unwrap();
+        let ini = dir.join("pgbouncer.ini");
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n\
+                 test = host=127.0.0.1 port=5432 dbname=test\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = trust\n\
+                 auth_file = {}\n\
+                 pool_mode = {pool_mode}\n\
+                 default_pool_size = 2\n\
+                 max_client_conn = 200\n\
+                 ignore_startup_parameters = extra_float_digits,options\n",
+                users.display()
+            ),
+        )
+        .unwrap();
+        // pgbouncer refuses to run as root; it can drop to another user.
+        let world_readable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(&dir, world_readable).unwrap();
+        let log = std::fs::File::create(dir.join("pgbouncer.log")).unwrap();
+        let mut cmd = Command::new(std::env::var("DBMUTEX_PGBOUNCER").unwrap_or_else(|_| "pgbouncer".into()));
+        if is_root() {
+            cmd.args(["-u", "postgres"]);
+        }
+        let child = match cmd
+            .arg(&ini)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => panic!("cannot start pgbouncer (install the Debian package `pgbouncer`): {e}"),
+        };
+        let bouncer = PgBouncer { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
+                .await
+                .is_ok()
+            {
+                return bouncer;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer did not answer on port {port} within 10 s; its log:\n{}",
+                bouncer.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/test?sslmode=disable", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+
+    /// A raw client through the pooler (no dbmutex logic).
+    async fn raw(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connect through pgbouncer: {e}\n{}", self.log()));
+        tokio::spawn(conn);
+        client
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The one value of a one-row, one-column simple query.
+async fn one(c: &tokio_postgres::Client, sql: &str) -> String {
+    let msgs = c.simple_query(sql).await.unwrap();
+    msgs.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no row from {sql}"))
+}
+
+/// A bigint key no other test uses.
+fn random_key() -> i64 {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    n ^ (i64::from(std::process::id()) << 40)
+}
+
+/// The hazard: with transaction pooling, a session lock stays on a server
+/// session that the next client's statements run on. Two unrelated clients
+/// both get the "same" exclusive lock, one unlocks the other's, and the lock
+/// outlives both clients on the pooler's server session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_session_locks_break_exclusion_through_a_transaction_pooler() {
+    let bouncer = PgBouncer::start("transaction").await;
+    let direct = pg_raw().await;
+    let k = random_key();
+    let (a, b) = (bouncer.raw().await, bouncer.raw().await);
+
+    assert_eq!(one(&a, &format!("SELECT pg_try_advisory_lock({k})")).await, "t");
+    // Directly on PostgreSQL, exclusion holds: a second session is refused.
+    assert_eq!(
+        one(&direct, &format!("SELECT pg_try_advisory_lock({k})")).await,
+        "f"
+    );
+    // Through the pooler, client b's statement runs on the server session
+    // that holds a's lock (PgBouncer reuses the last released one first):
+    // re-entrant session locks say yes.
+    let pid_b = one(&b, "SELECT pg_backend_pid()").await;
+    assert_eq!(
+        one(&b, &format!("SELECT pg_try_advisory_lock({k})")).await,
+        "t",
+        "b got a's lock: exclusion is broken"
+    );
+    // b can release a lock it never took, twice (a's and its own).
+    assert_eq!(one(&b, &format!("SELECT pg_advisory_unlock({k})")).await, "t");
+    assert_eq!(one(&a, &format!("SELECT pg_advisory_unlock({k})")).await, "t");
+    // The lock's holder in pg_locks is a server session, not a client.
+    assert_eq!(one(&a, &format!("SELECT pg_try_advisory_lock({k})")).await, "t");
+    drop((a, b));
+    let holder = one(
+        &direct,
+        &format!(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid = ({k} >> 32)::bigint::oid AND objid = ({k} & 4294967295)::oid"
+        ),
+    )
+    .await;
+    assert_eq!(
+        holder, pid_b,
+        "the lock outlives both clients on the pooled session"
+    );
+    // Only the end of that server session (here: stopping the pooler) frees it.
+    drop(bouncer);
+    let direct_ref = &direct;
+    assert!(
+        common::eventually(Duration::from_secs(5), || async move {
+            one(direct_ref, &format!("SELECT pg_try_advisory_lock({k})")).await == "t"
+        })
+        .await,
+        "the lock is freed when the pooler's server session ends"
+    );
+    one(&direct, &format!("SELECT pg_advisory_unlock({k})")).await;
+}
+
+/// dbmutex notices the transaction pooler when it connects and refuses
+/// session locks with a typed error that names the fix; transaction-level
+/// locks work through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_locks_are_refused_behind_a_transaction_pooler() {
+    let bouncer = PgBouncer::start("transaction").await;
+    let locker = Locker::connect(&bouncer.url())
+        .await
+        .expect("connect through pgbouncer");
+    let name = unique("pgb-refuse");
+    for opts in [
+        LockOptions::try_once(),
+        LockOptions::new().timeout(Duration::from_millis(200)),
+        LockOptions::try_once().wait_strategy(WaitStrategy::Server),
+        LockOptions::new().wait_strategy(WaitStrategy::Server),
+    ] {
+        match locker.acquire(name.as_str(), &opts).await {
+            Err(Error::Unsupported(msg)) => {
+                assert!(msg.contains("LockOptions::transaction(true)"), "{msg}")
+            }
+            other => panic!("session lock through a transaction pooler: {other:?}"),
+        }
+    }
+    let g = locker
+        .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
+        .await
+        .unwrap()
+        .expect("free");
+    // The lock is really held: a direct session is refused.
+    let direct = Locker::connect(&common::pg_url()).await.unwrap();
+    assert!(direct
+        .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    assert!(common::free_for(&direct, &name).await);
+}
+
+/// Session pooling gives each client a server session of its own: no false
+/// alarm, session locks work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_pooler_is_not_flagged() {
+    let bouncer = PgBouncer::start("session").await;
+    let locker = Locker::connect(&bouncer.url())
+        .await
+        .expect("connect through pgbouncer");
+    let name = unique("pgb-session");
+    let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
+    let direct = Locker::connect(&common::pg_url()).await.unwrap();
+    assert!(direct.try_lock(name.as_str()).await.unwrap().is_none(), "held");
+    g.release().await.unwrap();
+    assert!(common::free_for(&direct, &name).await);
+}
+
+/// Transaction-level locks through the transaction pooler exclude each other
+/// (and a direct client) under real concurrency: lockers × tasks contend for
+/// one name, polling and waiting in the server, and a counter proves no two
+/// sections overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_keep_exclusion_through_a_transaction_pooler() {
+    const SECTIONS: usize = 300;
+    let bouncer = PgBouncer::start("transaction").await;
+    let name = unique("pgb-xact");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut lockers = Vec::new();
+    for _ in 0..2 {
+        lockers.push(
+            Locker::connect(&bouncer.url())
+                .await
+                .expect("connect through pgbouncer"),
+        );
+    }
+    lockers.push(Locker::connect(&common::pg_url()).await.unwrap());
+    let mut tasks = Vec::new();
+    for (i, locker) in lockers.iter().enumerate() {
+        for t in 0..3 {
+            let (locker, name) = (locker.clone(), name.clone());
+            let (inside, done, overlaps) = (inside.clone(), done.clone(), overlaps.clone());
+            let strategy = if t % 2 == 0 {
+                WaitStrategy::Poll
+            } else {
+                WaitStrategy::Server
+            };
+            let opts = LockOptions::new()
+                .transaction(true)
+                .timeout(Duration::from_secs(20))
+                .wait_strategy(strategy)
+                .max_backoff(Duration::from_millis(5));
+            tasks.push(tokio::spawn(async move {
+                let mut mine = 0;
+                while done.load(Ordering::SeqCst) < SECTIONS {
+                    let g = locker
+                        .acquire(name.as_str(), &opts)
+                        .await
+                        .unwrap_or_else(|e| panic!("locker {i} task {t}: {e:?}"))
+                        .expect("acquired within 20 s");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    mine += 1;
+                    g.release().await.unwrap();
+                }
+                mine
+            }));
+        }
+    }
+    let mut per_task = Vec::new();
+    for t in tasks {
+        per_task.push(t.await.expect("task"));
+    }
+    let total: usize = per_task.iter().sum();
+    println!("sections per task: {per_task:?} (total {total})");
+    assert!(total >= SECTIONS, "{total}");
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert!(
+        per_task[..6].iter().sum::<usize>() > 0,
+        "the pooled lockers took part"
+    );
+}

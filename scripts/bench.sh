@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Runs the benchmarks of BENCHMARKS.md: pgbench's raw floor, then every
+# dbmutex-bench scenario on PostgreSQL (and MySQL and the local backend when
+# reachable), and prints each figure beside the floor of the same run.
+#
+#   scripts/bench.sh                 # 5 s per scenario
+#   DURATION=3 scripts/bench.sh      # shorter
+#
+# Environment: DATABASE_URL (PostgreSQL), MYSQL_URL, LOCAL_URL, DURATION,
+# CLIENTS, LOCKS, OUT (directory for the raw JSON lines and pgbench logs).
+# The hold-many ceiling probe is not run here: it fills the server's lock
+# table, which fails every other session's queries (see BENCHMARKS.md).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+MYSQL_URL=${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
+LOCAL_URL=${LOCAL_URL:-file://${TMPDIR:-/tmp}/dbmutex-bench-locks}
+DURATION=${DURATION:-5}
+CLIENTS=${CLIENTS:-8}
+LOCKS=${LOCKS:-5000}
+OUT=${OUT:-$(mktemp -d -t dbmutex-bench.XXXXXX)}
+mkdir -p "$OUT"
+
+for tool in pgbench jq cargo; do
+    command -v "$tool" >/dev/null || {
+        echo "bench.sh: $tool is missing (pgbench: apt-get install postgresql-contrib or postgresql-client)" >&2
+        exit 1
+    }
+done
+
+# Plaintext for everyone, as dbmutex-bench does for a URL without sslmode:
+# TLS would add ~60 µs per cycle and compare different transports.
+case "$DATABASE_URL" in
+    *sslmode=*) PG_URL=$DATABASE_URL ;;
+    *\?*) PG_URL="$DATABASE_URL&sslmode=disable" ;;
+    *) PG_URL="$DATABASE_URL?sslmode=disable" ;;
+esac
+
+cargo build --release -q -p dbmutex-bench
+BENCH="${CARGO_TARGET_DIR:-target}/release/dbmutex-bench"
+
+echo "== machine: $(nproc) cores, $(uname -sr); server: $(psql -X -At "$PG_URL" -c 'SHOW server_version')"
+echo "== results in $OUT"
+
+# The same two statements as the floor scenario, prepared, each client on
+# its own key; and a blocking hand-off between two clients on one key.
+cat >"$OUT/cycle.sql" <<'SQL'
+SELECT pg_try_advisory_lock(:client_id, 424242);
+SELECT pg_advisory_unlock(:client_id, 424242);
+SQL
+cat >"$OUT/handoff.sql" <<'SQL'
+SELECT pg_advisory_lock(424243, 424242);
+SELECT pg_advisory_unlock(424243, 424242);
+SQL
+
+# pgbench_tps SCRIPT CLIENTS THREADS: prints tps (without connection time).
+pgbench_tps() {
+    local log="$OUT/pgbench-$(basename "$1" .sql)-c$2.log"
+    pgbench -n -M prepared -f "$1" -c "$2" -j "$3" -T "$DURATION" "$PG_URL" >"$log" 2>&1 || {
+        cat "$log" >&2
+        exit 1
+    }
+    awk '/^tps = / { print $3; exit }' "$log"
+}
+
+PGB1=$(pgbench_tps "$OUT/cycle.sql" 1 1)
+PGBN=$(pgbench_tps "$OUT/cycle.sql" "$CLIENTS" 2)
+PGBH=$(pgbench_tps "$OUT/handoff.sql" 2 2)
+echo "pgbench -M prepared try+unlock: 1 client $PGB1 tps, $CLIENTS clients $PGBN tps;" \
+    "blocking lock+unlock hand-off, 2 clients: $PGBH tps"
+
+run() { "$BENCH" --json --duration "$DURATION" --clients "$CLIENTS" --locks "$LOCKS" "$@"; }
+
+run --database-url "$PG_URL" --scenario all | tee "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario contended --strategy server | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario contended --lockers 2 | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario many-keys --lockers "$CLIENTS" | tee -a "$OUT/postgres.jsonl" >/dev/null
+
+# The table: each row beside the floors of this run. ratio_to_floor is
+# dbmutex-bench's own floor (tokio-postgres, same process); ratio_to_pgbench
+# is pgbench's, for the same number of clients unless said otherwise.
+jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
+  def r: if . == null then "-" else (. * 1000 | round / 1000 | tostring) end;
+  def n: if . == null then "-" else tostring end;
+  def vs_pgbench:
+    if .scenario == "floor" or .scenario == "many-keys" then
+      (if .clients == 1 then .ops_per_s / $p1 else .ops_per_s / $pn end)
+    elif .scenario == "uncontended" then .ops_per_s / $p1
+    else null end;
+  (["scenario", "variant", "clients", "ops/s", "p50_us", "p99_us", "conns",
+    "x_floor", "x_pgbench", "handoff_p50/p99_us", "handoff_rtts"] | @tsv),
+  (.[] | [ .scenario,
+           ([ (if .strategy then "strategy=" + .strategy else empty end),
+              (if (.lockers // 1) > 1 then "lockers=" + (.lockers | tostring) else empty end),
+              (if .held then "held=" + (.held | tostring) else empty end),
+              (if .first_error then "error" else empty end) ] | join(",")),
+           .clients, (.ops_per_s | round), (.p50_us | n), (.p99_us | n), (.connections | n),
+           (.ratio_to_floor | r), (vs_pgbench | r),
+           (if .handoff_p50_us then "\(.handoff_p50_us)/\(.handoff_p99_us)" else "-" end),
+           (.handoff_rtts | r) ] | @tsv)
+' "$OUT/postgres.jsonl" | column -t -s $'\t'
+
+# The targets of issue #5, from this run's figures.
+jq -r --argjson p1 "$PGB1" -s '
+  def verdict(ok): if ok then "met" else "MISSED" end;
+  (map(select(.scenario == "rtt")) | first | .p50_us) as $rtt
+  | (map(select(.scenario == "floor" and .clients == 1)) | first | .ops_per_s) as $f1
+  | (map(select(.scenario == "uncontended")) | first) as $u
+  | (map(select(.scenario == "contended" and .strategy == "poll" and .lockers == 1)) | first) as $c
+  | (map(select(.scenario == "many-keys" and .lockers == 1)) | first) as $m
+  | (map(select(.scenario == "hold-many")) | first) as $h
+  | "targets (rtt p50 \($rtt) µs; floors/s: pgbench \($p1), dbmutex-bench \($f1 | round)):",
+    "  uncontended >= 0.95 x pgbench floor: \($u.ops_per_s / $p1 * 1000 | round / 1000) -> \(verdict($u.ops_per_s >= 0.95 * $p1))",
+    "  contended hand-off p50 <= 3 RTT: \($c.handoff_p50_us) µs = \($c.handoff_rtts) RTT -> \(verdict($c.handoff_p50_us <= 3 * $rtt))",
+    "  hold-many \($h.clients) locks on <= 2 connections: held \($h.held) on \($h.connections) -> \(verdict($h.held >= 5000 and $h.connections <= 2))",
+    "  many-keys \($m.clients) clients >= 2 x 1-client floor: \($m.ops_per_s / $p1 * 1000 | round / 1000) x pgbench -> \(verdict($m.ops_per_s >= 2 * $p1))"
+' "$OUT/postgres.jsonl"
+
+# The other backends, where reachable: their own floor, same harness.
+if "$BENCH" --database-url "$MYSQL_URL" --scenario rtt --duration 0.2 >/dev/null 2>&1; then
+    echo "== MySQL ($MYSQL_URL)"
+    run --database-url "$MYSQL_URL" --scenario all | tee "$OUT/mysql.jsonl" | jq -c .
+else
+    echo "== MySQL: $MYSQL_URL not reachable, skipped"
+fi
+echo "== local backend ($LOCAL_URL)"
+mkdir -p "${LOCAL_URL#file://}"
+run --database-url "$LOCAL_URL" --scenario all | tee "$OUT/local.jsonl" | jq -c .

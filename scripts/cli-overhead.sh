@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# What `dbmutex run` adds to the command it wraps: the median wall time of
+# `true`, `flock FILE true` and `dbmutex run NAME -- true`, on each backend,
+# measured in the same run. Prints one JSON object per backend.
+#
+# Usage: scripts/cli-overhead.sh [RUNS]          (default 200 runs per command)
+#
+# Environment:
+#   DBMUTEX                 the binary (default: the release build under
+#                           $CARGO_TARGET_DIR, else target/; build it with
+#                           `cargo build --release -p dbmutex-cli`)
+#   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
+#   DBMUTEX_TEST_MYSQL_URL  MySQL/MariaDB URL (default mysql://root@127.0.0.1:3306/test)
+#   BACKENDS                which backends (default "local postgres mysql")
+set -euo pipefail
+export LC_ALL=C
+cd "$(dirname "$0")/.."
+
+runs=${1:-200}
+dbmutex=${DBMUTEX:-${CARGO_TARGET_DIR:-target}/release/dbmutex}
+pg_url=${DBMUTEX_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+mysql_url=${DBMUTEX_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
+true_bin=$(command -v true | grep / || echo /bin/true)
+[ -x "$true_bin" ] || true_bin=/bin/true
+
+if [ ! -x "$dbmutex" ]; then
+  echo "cli-overhead.sh: no binary at $dbmutex; run cargo build --release -p dbmutex-cli" >&2
+  exit 1
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+name="cli-overhead-$$"
+
+# elapsed_us CMD...: runs CMD once and prints its wall time in microseconds
+# ($EPOCHREALTIME costs no fork).
+elapsed_us() {
+  local s=$EPOCHREALTIME
+  "$@" >/dev/null
+  local e=$EPOCHREALTIME
+  echo $((${e/./} - ${s/./}))
+}
+
+# median_ms: the median of the microsecond figures on stdin, in milliseconds.
+median_ms() {
+  sort -n | awk '{ t[NR] = $1 } END { m = (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2; printf "%.3f", m / 1000 }'
+}
+
+# use_backend BACKEND: sets the environment that selects BACKEND (call it in
+# a subshell; no `env` wrapper, whose exec would count in the timing).
+use_backend() {
+  unset DBMUTEX_DATABASE_URL DATABASE_URL
+  case $1 in
+    local) export DBMUTEX_LOCK_DIR="$work/locks" ;;
+    postgres) export DBMUTEX_DATABASE_URL="$pg_url" ;;
+    mysql) export DBMUTEX_DATABASE_URL="$mysql_url" ;;
+    *) echo "cli-overhead.sh: unknown backend $1" >&2; return 1 ;;
+  esac
+}
+
+for backend in ${BACKENDS:-local postgres mysql}; do
+  if ! (use_backend "$backend" && "$dbmutex" run -n "$name" -- "$true_bin"); then
+    echo "cli-overhead.sh: dbmutex run fails on the $backend backend" >&2
+    exit 1
+  fi
+  # Interleaved, so that load from elsewhere weighs on all three alike.
+  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex"
+  for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
+    a=$(elapsed_us "$true_bin")
+    b=$(elapsed_us flock "$work/flock" "$true_bin")
+    c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
+    if ((i >= 0)); then
+      echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
+    fi
+  done
+  t_true=$(median_ms <"$work/t_true")
+  t_flock=$(median_ms <"$work/t_flock")
+  t_dbmutex=$(median_ms <"$work/t_dbmutex")
+  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"dbmutex_run_ms":%s}\n' \
+    "$backend" "$runs" "$t_true" "$t_flock" "$t_dbmutex"
+done
