@@ -37,7 +37,7 @@ case "$DATABASE_URL" in
     *) PG_URL="$DATABASE_URL?sslmode=disable" ;;
 esac
 
-cargo build --release -q -p dbmutex-bench
+cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
 BENCH="${CARGO_TARGET_DIR:-target}/release/dbmutex-bench"
 
 echo "== machine: $(nproc) cores, $(uname -sr); server: $(psql -X -At "$PG_URL" -c 'SHOW server_version')"
@@ -70,12 +70,18 @@ PGBH=$(pgbench_tps "$OUT/handoff.sql" 2 2)
 echo "pgbench -M prepared try+unlock: 1 client $PGB1 tps, $CLIENTS clients $PGBN tps;" \
     "blocking lock+unlock hand-off, 2 clients: $PGBH tps"
 
-run() { "$BENCH" --json --duration "$DURATION" --clients "$CLIENTS" --locks "$LOCKS" "$@"; }
+# run [--clients N] ARGS...: CLIENTS unless the call names its own.
+run() {
+    local clients=$CLIENTS
+    if [ "$1" = --clients ]; then clients=$2; shift 2; fi
+    "$BENCH" --json --duration "$DURATION" --clients "$clients" --locks "$LOCKS" "$@"
+}
 
 run --database-url "$PG_URL" --scenario all | tee "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario contended --strategy server | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario contended --lockers 2 | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario many-keys --lockers "$CLIENTS" | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --clients 1 --database-url "$PG_URL" --scenario floor --floor-unnamed | tee -a "$OUT/postgres.jsonl" >/dev/null
 
 # The table: each row beside the floors of this run. ratio_to_floor is
 # dbmutex-bench's own floor (tokio-postgres, same process); ratio_to_pgbench
@@ -91,7 +97,8 @@ jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
   (["scenario", "variant", "clients", "ops/s", "p50_us", "p99_us", "conns",
     "x_floor", "x_pgbench", "handoff_p50/p99_us", "handoff_rtts"] | @tsv),
   (.[] | [ .scenario,
-           ([ (if .strategy then "strategy=" + .strategy else empty end),
+           ([ (if .statements == "unnamed" then "unnamed+comment" else empty end),
+              (if .strategy then "strategy=" + .strategy else empty end),
               (if (.lockers // 1) > 1 then "lockers=" + (.lockers | tostring) else empty end),
               (if .held then "held=" + (.held | tostring) else empty end),
               (if .first_error then "error" else empty end) ] | join(",")),
@@ -105,7 +112,7 @@ jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
 jq -r --argjson p1 "$PGB1" -s '
   def verdict(ok): if ok then "met" else "MISSED" end;
   (map(select(.scenario == "rtt")) | first | .p50_us) as $rtt
-  | (map(select(.scenario == "floor" and .clients == 1)) | first | .ops_per_s) as $f1
+  | (map(select(.scenario == "floor" and .clients == 1 and .statements == "prepared")) | first | .ops_per_s) as $f1
   | (map(select(.scenario == "uncontended")) | first) as $u
   | (map(select(.scenario == "contended" and .strategy == "poll" and .lockers == 1)) | first) as $c
   | (map(select(.scenario == "many-keys" and .lockers == 1)) | first) as $m

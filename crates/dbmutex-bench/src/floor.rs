@@ -5,12 +5,17 @@
 //!   `SELECT pg_advisory_unlock($1, $2)`, as pgbench `-M prepared` runs them;
 //!   MySQL prepared `SELECT GET_LOCK(?, 0)` + `SELECT RELEASE_LOCK(?)`. Each
 //!   client has its own connection and its own key.
+//! - `floor --floor-unnamed` (PostgreSQL): the same two statements the way
+//!   dbmutex sends them — unnamed (`query_typed`: parse, bind and execute in
+//!   one round trip) with the lock name in an SQL comment — to tell the
+//!   statement form's cost from the library's own.
 
 use std::sync::Arc;
 
 use anyhow::ensure;
 use mysql_async::prelude::Queryable;
 use tokio::sync::Barrier;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::backend::Kind;
 use crate::report::Row;
@@ -62,12 +67,13 @@ pub async fn rtt(env: &Env) -> anyhow::Result<Row> {
 pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
     let app = env.app(&format!("floor-{n}"));
     let sampler = env.sampler(&app, vec![]);
-    let (url, dur, kind) = (env.url.clone(), env.p.duration, env.kind);
+    let (url, dur, kind, unnamed) = (env.url.clone(), env.p.duration, env.kind, env.p.floor_unnamed);
     let names: Vec<String> = (0..n).map(|i| env.name("floor", i)).collect();
     let s = clients::run(n, move |i, barrier| {
         let (url, app, name) = (url.clone(), app.clone(), names[i].clone());
         async move {
             match kind {
+                Kind::Postgres if unnamed => pg_unnamed_client(&url, &app, i, &name, barrier, dur).await,
                 Kind::Postgres => pg_client(&url, &app, i, barrier, dur).await,
                 _ => my_client(&url, &name, barrier, dur).await,
             }
@@ -75,6 +81,9 @@ pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
     })
     .await?;
     let mut row = Row::new("floor", kind.as_str(), n, s.lat, s.seconds);
+    if kind == Kind::Postgres {
+        row.set("statements", if unnamed { "unnamed" } else { "prepared" });
+    }
     row.connections = match kind {
         Kind::Postgres => sampler.finish().await,
         // The MySQL probe counts lock owners; the floor's own connections
@@ -94,8 +103,7 @@ async fn pg_client(
     let c = raw::pg_connect(url, app).await?;
     let lock = c.prepare("SELECT pg_try_advisory_lock($1, $2)").await?;
     let unlock = c.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
-    // Our process id as the second key keeps concurrent runs apart.
-    let (k1, k2) = (i as i32, (std::process::id() & 0x7fff_ffff) as i32);
+    let (k1, k2) = floor_key(i);
     barrier.wait().await;
     let mut t = Timer::run_for(dur);
     while t.start() {
@@ -106,6 +114,37 @@ async fn pg_client(
         t.stop();
     }
     Ok(t.finish())
+}
+
+async fn pg_unnamed_client(
+    url: &str,
+    app: &str,
+    i: usize,
+    name: &str,
+    barrier: Arc<Barrier>,
+    dur: std::time::Duration,
+) -> anyhow::Result<Sample> {
+    let c = raw::pg_connect(url, app).await?;
+    let lock = format!("SELECT pg_try_advisory_lock($1, $2) /* {name} */");
+    let unlock = format!("SELECT pg_advisory_unlock($1, $2) /* {name} */");
+    let (k1, k2) = floor_key(i);
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&k1, Type::INT4), (&k2, Type::INT4)];
+    barrier.wait().await;
+    let mut t = Timer::run_for(dur);
+    while t.start() {
+        let got: bool = c.query_typed(&lock, &params).await?[0].get(0);
+        ensure!(got, "floor key ({k1}, {k2}) is held by another session");
+        let freed: bool = c.query_typed(&unlock, &params).await?[0].get(0);
+        ensure!(freed, "floor key ({k1}, {k2}) was not held at unlock");
+        t.stop();
+    }
+    Ok(t.finish())
+}
+
+/// Client `i`'s floor key; our process id as the second half keeps
+/// concurrent runs apart.
+fn floor_key(i: usize) -> (i32, i32) {
+    (i as i32, (std::process::id() & 0x7fff_ffff) as i32)
 }
 
 async fn my_client(

@@ -54,6 +54,10 @@ struct Cli {
     /// tasks of contended and many-keys are spread over.
     #[arg(long, default_value_t = 1)]
     lockers: usize,
+    /// PostgreSQL floor: send the statements as dbmutex does (unnamed, with
+    /// the lock name in a comment) instead of prepared, to see what that costs.
+    #[arg(long)]
+    floor_unnamed: bool,
     /// One JSON object per line per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -121,6 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 Strategy::Server => WaitStrategy::Server,
             },
             lockers: cli.lockers,
+            floor_unnamed: cli.floor_unnamed,
         },
     };
     let plan = match (cli.scenario, kind) {

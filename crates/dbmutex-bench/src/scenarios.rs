@@ -37,6 +37,8 @@ pub struct Params {
     pub strategy: WaitStrategy,
     /// Lockers (server sessions) the tasks of contended and many-keys share.
     pub lockers: usize,
+    /// The PostgreSQL floor sends unnamed statements with a name comment.
+    pub floor_unnamed: bool,
 }
 
 /// What every scenario of a run shares.
