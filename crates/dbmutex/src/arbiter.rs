@@ -23,6 +23,7 @@ pub(crate) struct Slot {
     /// Woken when another process may have released (PostgreSQL `NOTIFY`).
     pub(crate) remote: Notify,
     /// Another process has said it waits for this key: tell it on release.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) wanted: std::sync::atomic::AtomicBool,
 }
 
@@ -99,6 +100,7 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
     }
 
     /// The slot for `key` if some task uses it now.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn existing_slot(&self, key: &K) -> Option<Arc<Slot>> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.get(key).cloned()

@@ -544,3 +544,35 @@ async fn prepared_statements_without_name_comments() {
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// Dedicated connections for server-side waits are kept for reuse once
+/// their lock is confirmed released, and a reused one holds nothing.
+#[tokio::test]
+async fn server_wait_connections_are_reused_clean() {
+    let l = Backend::Postgres.locker().await;
+    let (n1, n2) = (unique("spare1"), unique("spare2"));
+    let g = l.acquire(n1.as_str(), &server_wait(None)).await.unwrap().unwrap();
+    let pid1 = l.holders(n1.as_str()).await.unwrap()[0].pid;
+    g.release().await.unwrap();
+    let g = l.acquire(n2.as_str(), &server_wait(None)).await.unwrap().unwrap();
+    assert_eq!(
+        l.holders(n2.as_str()).await.unwrap()[0].pid,
+        pid1,
+        "the released connection is reused"
+    );
+    let raw = pg_raw().await;
+    let held: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+            &[&(pid1 as i32)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "only the new lock");
+    // A dropped guard's connection is closed, never reused.
+    drop(g);
+    let g = l.acquire(n1.as_str(), &server_wait(None)).await.unwrap().unwrap();
+    assert_ne!(l.holders(n1.as_str()).await.unwrap()[0].pid, pid1);
+    g.release().await.unwrap();
+}

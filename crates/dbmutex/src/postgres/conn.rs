@@ -321,6 +321,26 @@ impl PgConn {
             .unwrap_or(false))
     }
 
+    /// Prepares every session lock statement this connection may run
+    /// unnamed-comment-free, so no later lock call waits for a prepare (a
+    /// release dropped mid-prepare would not know whether its unlock went out).
+    pub(crate) async fn warm_statements(&self) -> std::result::Result<(), tokio_postgres::Error> {
+        for call in [Call::Try, Call::Unlock] {
+            for mode in [Mode::Exclusive, Mode::Shared] {
+                for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
+                    let (sql, params) = sql::bound_plain(call, false, mode, &key);
+                    let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+                    let stmt = self.client.prepare_typed(&sql, &types).await?;
+                    self.statements
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(sql, stmt);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// True once the connection is gone.
     pub(crate) fn is_lost(&self) -> bool {
         *self.lost.borrow()

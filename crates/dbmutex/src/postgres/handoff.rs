@@ -101,13 +101,16 @@ impl<'a> Want<'a> {
     }
 }
 
-/// After an unlock: tell waiting processes, if any announced themselves.
-/// The notification follows the unlock on the same connection, so the
-/// server has processed the unlock before anyone hears of it.
-pub(crate) fn released(conn: &Arc<PgConn>, key: PgKey, hold: Option<&Hold<PgKey>>) {
-    if hold.is_some_and(|h| h.slot().wanted.load(Ordering::Relaxed)) {
-        send(conn, payload('r', &key));
-    }
+/// Whether another process announced it waits for the held key.
+pub(crate) fn wanted(hold: Option<&Hold<PgKey>>) -> bool {
+    hold.is_some_and(|h| h.slot().wanted.load(Ordering::Relaxed))
+}
+
+/// After an unlock that someone wanted: tell waiting processes. The
+/// notification follows the unlock on the same connection, so the server has
+/// processed the unlock before anyone hears of it.
+pub(crate) fn notify_release(conn: &Arc<PgConn>, key: PgKey) {
+    send(conn, payload('r', &key));
 }
 
 #[cfg(test)]

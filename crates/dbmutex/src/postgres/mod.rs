@@ -27,6 +27,7 @@ mod handoff;
 mod pooler;
 mod sql;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -111,6 +112,11 @@ impl LazyConn {
                 .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
                 .await
                 .map_err(|e| Error::Connect(Box::new(e)))?;
+            if !settings.name_comments {
+                conn.warm_statements()
+                    .await
+                    .map_err(|e| Error::Connect(Box::new(e)))?;
+            }
         }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
@@ -134,6 +140,24 @@ pub(crate) struct PgBackend {
     on_notify: NotifyHandler,
     /// A transaction pooler shares server sessions: session locks are refused.
     shared_sessions: bool,
+    /// Clean dedicated connections, kept for the next server-side wait.
+    spares: Spares,
+}
+
+/// Idle dedicated connections that hold nothing.
+type Spares = Arc<Mutex<Vec<Arc<PgConn>>>>;
+
+/// How many idle dedicated connections a locker keeps.
+const MAX_SPARES: usize = 4;
+
+/// Keeps `conn` for reuse if it is alive and there is room; else closes it.
+fn spare(spares: &Spares, conn: Arc<PgConn>) {
+    let mut s = spares.lock().unwrap_or_else(|e| e.into_inner());
+    if !conn.is_lost() && s.len() < MAX_SPARES {
+        s.push(conn);
+    } else {
+        conn.close();
+    }
 }
 
 impl PgBackend {
@@ -146,6 +170,7 @@ impl PgBackend {
             arbiter: arbiter.clone(),
             on_notify: handoff::handler(arbiter),
             shared_sessions: false,
+            spares: Spares::default(),
         };
         // Connect now, so a bad URL, server or password fails here.
         let session = backend.session(settings).await?;
@@ -214,7 +239,14 @@ impl PgBackend {
         opts: &LockOptions,
         settings: &Settings,
     ) -> Result<Option<Box<dyn Held>>> {
-        let conn = self.connector.connect(settings, None).await?;
+        let reused = {
+            let mut s = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+            std::iter::from_fn(|| s.pop()).find(|c| !c.is_lost())
+        };
+        let conn = match reused {
+            Some(c) => c,
+            None => self.connector.connect(settings, None).await?,
+        };
         // Armed until the outcome is known: if this future is dropped while
         // a statement may still run, cancel it and close the session.
         let mut abandon = Abandon(Some(conn.clone()));
@@ -231,7 +263,14 @@ impl PgBackend {
                 mode: opts.mode,
                 name: name.clone(),
                 xact: opts.transaction,
+                spares: self.spares.clone(),
             }))),
+            Ok(false) if !opts.transaction => {
+                // A refused try or a timed-out wait leaves the session clean
+                // (the timeout's implicit transaction has ended).
+                spare(&self.spares, conn);
+                Ok(None)
+            }
             Ok(false) => {
                 conn.close();
                 Ok(None)
@@ -515,25 +554,28 @@ struct SessionHeld {
 }
 
 impl Held for SessionHeld {
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        let hold = self.hold.take();
-        let (conn, key, mode, name, comment) = (
-            self.conn.clone(),
-            self.key,
-            self.mode,
-            self.name.clone(),
-            self.comment,
-        );
-        // Spawned: the unlock completes even if the caller stops waiting.
-        let task = self.conn.runtime.spawn(async move {
-            let r = unlock_on(&conn, key, mode, &name, comment).await;
-            handoff::released(&conn, key, hold.as_ref());
-            drop(hold);
-            r
-        });
+    fn release(self: Box<Self>) -> BoxFuture<Result<()>> {
         Box::pin(async move {
-            task.await
-                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+            let mut this = self;
+            // From here on this future owns the unlock; dropped before its
+            // first poll, `this` drops instead and queues the unlock itself.
+            let hold = this.hold.take();
+            let unlock = unlock_on(&this.conn, this.key, this.mode, &this.name, this.comment);
+            tokio::pin!(unlock);
+            // The first poll sends the unlock. Once it is on the wire, an
+            // in-process waiter may go: whatever it sends reaches the server
+            // after our unlock, so the hand-off costs it one round trip.
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
+            let wanted = handoff::wanted(hold.as_ref());
+            drop(hold);
+            let r = match first {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => unlock.await,
+            };
+            if wanted && r.is_ok() {
+                handoff::notify_release(&this.conn, this.key);
+            }
+            r
         })
     }
 
@@ -556,9 +598,12 @@ impl Drop for SessionHeld {
             // connection's own runtime. If that runtime is gone, so is the
             // connection, and the server has freed the lock.
             drop(self.conn.runtime.spawn(async move {
-                let _ = unlock_on(&conn, key, mode, &name, comment).await;
-                handoff::released(&conn, key, Some(&hold));
+                let wanted = handoff::wanted(Some(&hold));
+                let r = unlock_on(&conn, key, mode, &name, comment).await;
                 drop(hold);
+                if wanted && r.is_ok() {
+                    handoff::notify_release(&conn, key);
+                }
             }));
         }
     }
@@ -572,12 +617,14 @@ struct DedicatedHeld {
     mode: Mode,
     name: LockName,
     xact: bool,
+    spares: Spares,
 }
 
 impl Held for DedicatedHeld {
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let conn = self.conn.take().expect("held until released");
         let (key, mode, name, xact) = (self.key, self.mode, self.name.clone(), self.xact);
+        let spares = self.spares.clone();
         let task = conn.runtime.clone().spawn(async move {
             let r = if xact {
                 match conn.client.batch_execute("COMMIT").await {
@@ -589,7 +636,13 @@ impl Held for DedicatedHeld {
             } else {
                 unlock_on(&conn, key, mode, &name, true).await
             };
-            conn.close();
+            // Confirmed released: the session holds nothing and can serve
+            // the next wait. On any doubt it is closed instead.
+            if r.is_ok() {
+                spare(&spares, conn);
+            } else {
+                conn.close();
+            }
             r
         });
         Box::pin(async move {
