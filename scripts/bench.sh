@@ -82,6 +82,8 @@ run --database-url "$PG_URL" --scenario contended --strategy server | tee -a "$O
 run --database-url "$PG_URL" --scenario contended --lockers 2 | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario many-keys --lockers "$CLIENTS" | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --clients 1 --database-url "$PG_URL" --scenario floor --floor-unnamed | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario uncontended --no-comment | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario contended --no-comment | tee -a "$OUT/postgres.jsonl" >/dev/null
 
 # The table: each row beside the floors of this run. ratio_to_floor is
 # dbmutex-bench's own floor (tokio-postgres, same process); ratio_to_pgbench
@@ -98,6 +100,7 @@ jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
     "x_floor", "x_pgbench", "handoff_p50/p99_us", "handoff_rtts"] | @tsv),
   (.[] | [ .scenario,
            ([ (if .statements == "unnamed" then "unnamed+comment" else empty end),
+              (if .name_comments == false then "no-comment" else empty end),
               (if .strategy then "strategy=" + .strategy else empty end),
               (if (.lockers // 1) > 1 then "lockers=" + (.lockers | tostring) else empty end),
               (if .held then "held=" + (.held | tostring) else empty end),
@@ -113,12 +116,14 @@ jq -r --argjson p1 "$PGB1" -s '
   def verdict(ok): if ok then "met" else "MISSED" end;
   (map(select(.scenario == "rtt")) | first | .p50_us) as $rtt
   | (map(select(.scenario == "floor" and .clients == 1 and .statements == "prepared")) | first | .ops_per_s) as $f1
-  | (map(select(.scenario == "uncontended")) | first) as $u
-  | (map(select(.scenario == "contended" and .strategy == "poll" and .lockers == 1)) | first) as $c
+  | (map(select(.scenario == "uncontended" and .name_comments != false)) | first) as $u
+  | (map(select(.scenario == "uncontended" and .name_comments == false)) | first) as $un
+  | (map(select(.scenario == "contended" and .strategy == "poll" and .lockers == 1 and .name_comments != false)) | first) as $c
   | (map(select(.scenario == "many-keys" and .lockers == 1)) | first) as $m
   | (map(select(.scenario == "hold-many")) | first) as $h
   | "targets (rtt p50 \($rtt) µs; floors/s: pgbench \($p1), dbmutex-bench \($f1 | round)):",
     "  uncontended >= 0.95 x pgbench floor: \($u.ops_per_s / $p1 * 1000 | round / 1000) -> \(verdict($u.ops_per_s >= 0.95 * $p1))",
+    "  uncontended, name_comments(false): \($un.ops_per_s / $p1 * 1000 | round / 1000) -> \(verdict($un.ops_per_s >= 0.95 * $p1))",
     "  contended hand-off p50 <= 3 RTT: \($c.handoff_p50_us) µs = \($c.handoff_rtts) RTT -> \(verdict($c.handoff_p50_us <= 3 * $rtt))",
     "  hold-many \($h.clients) locks on <= 2 connections: held \($h.held) on \($h.connections) -> \(verdict($h.held >= 5000 and $h.connections <= 2))",
     "  many-keys \($m.clients) clients >= 2 x 1-client floor: \($m.ops_per_s / $p1 * 1000 | round / 1000) x pgbench -> \(verdict($m.ops_per_s >= 2 * $p1))"

@@ -58,6 +58,11 @@ struct Cli {
     /// the lock name in a comment) instead of prepared, to see what that costs.
     #[arg(long)]
     floor_unnamed: bool,
+    /// Lockers without the lock-name SQL comment
+    /// (`LockerBuilder::name_comments(false)`: statements prepared once per
+    /// connection), to see what the comment costs.
+    #[arg(long)]
+    no_comment: bool,
     /// One JSON object per line per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -126,6 +131,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             },
             lockers: cli.lockers,
             floor_unnamed: cli.floor_unnamed,
+            name_comments: !cli.no_comment,
         },
     };
     let plan = match (cli.scenario, kind) {

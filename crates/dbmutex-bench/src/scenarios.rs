@@ -39,6 +39,8 @@ pub struct Params {
     pub lockers: usize,
     /// The PostgreSQL floor sends unnamed statements with a name comment.
     pub floor_unnamed: bool,
+    /// Lockers carry the lock name in an SQL comment (the library default).
+    pub name_comments: bool,
 }
 
 /// What every scenario of a run shares.
@@ -76,6 +78,7 @@ impl Env {
         for _ in 0..n.max(1) {
             let l = Locker::builder(&self.url)
                 .application_name(app)
+                .name_comments(self.p.name_comments)
                 .max_locks(max_locks)
                 .connect()
                 .await
@@ -95,7 +98,11 @@ impl Env {
     }
 
     fn row(&self, scenario: &'static str, clients: usize, lat: Latencies, seconds: f64) -> Row {
-        Row::new(scenario, self.kind.as_str(), clients, lat, seconds)
+        let mut row = Row::new(scenario, self.kind.as_str(), clients, lat, seconds);
+        if !self.p.name_comments && self.kind == Kind::Postgres {
+            row.set("name_comments", false);
+        }
+        row
     }
 }
 
