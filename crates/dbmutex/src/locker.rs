@@ -81,6 +81,13 @@ pub struct HeldLock {
     locker_id: u64,
 }
 
+impl HeldLock {
+    /// The id of the [`Locker`] that holds it.
+    pub(crate) fn locker_id(&self) -> u64 {
+        self.locker_id
+    }
+}
+
 tokio::task_local! {
     static HELD: Vec<HeldLock>;
 }
@@ -283,8 +290,13 @@ impl LockerBuilder {
         self
     }
 
-    /// How often an idle lock connection is checked (default 1 s). A dead
-    /// connection is reported as lost at most about twice this late.
+    /// How soon a silently dead connection is noticed (default 1 s). A
+    /// connection the server or the kernel closes (server restart,
+    /// `pg_terminate_backend`, `KILL`, killed process) is reported lost at
+    /// once. A silent failure (network partition) is noticed by TCP
+    /// keepalive on PostgreSQL — idle and interval `max(keepalive, 1 s)`, so
+    /// about 2 s at the default — and by a ping every `keepalive` on MySQL
+    /// (within `keepalive + max(2 × keepalive, 2 s)`).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
         self
@@ -318,6 +330,8 @@ impl LockerBuilder {
     /// Creates the locker. Database backends connect now, so a wrong URL,
     /// an unreachable server or bad credentials fail here.
     pub async fn connect(self) -> Result<Locker> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let backend = match &self.target {
             Target::Local(dir) => {
                 Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)
@@ -333,7 +347,7 @@ impl LockerBuilder {
                 )),
                 #[cfg(feature = "mysql")]
                 Some("mysql" | "mariadb") => {
-                    Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings).await?)
+                    Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings, id).await?)
                 }
                 Some("file") => Backend::Local(crate::local::LocalBackend::new(
                     Some(PathBuf::from(file_url_path(url)?)),
@@ -352,12 +366,11 @@ impl LockerBuilder {
                 }
             },
         };
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Ok(Locker {
             inner: Arc::new(Inner {
                 backend,
                 settings: self.settings,
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                id,
                 count: Arc::new(AtomicUsize::new(0)),
             }),
         })
@@ -424,13 +437,18 @@ impl Locker {
         let name = name.into();
         name.validate()?;
         let inner = &self.inner;
-        if inner.count.load(Ordering::Relaxed) >= inner.settings.max_locks {
-            return Err(Error::TooManyLocks {
-                limit: inner.settings.max_locks,
-            });
+        // Reserve a place before the first await, atomically, so concurrent
+        // acquirers never pass the cap together.
+        let limit = inner.settings.max_locks;
+        if inner
+            .count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(Error::TooManyLocks { limit });
         }
-        // Count before the first await, so concurrent acquirers respect the cap.
-        inner.count.fetch_add(1, Ordering::Relaxed);
         let reservation = Reservation(&inner.count);
         let start = Instant::now();
         let held: Option<Box<dyn Held>> =

@@ -133,6 +133,9 @@ impl Shared {
 pub(crate) struct MyBackend {
     shared: Arc<Shared>,
     arbiter: Arc<Arbiter<String>>,
+    /// The id of the [`Locker`](crate::Locker) this backend serves: nested
+    /// acquisitions borrow only sessions of scoped calls of that locker.
+    locker_id: u64,
 }
 
 /// Maps a driver error met while working on `name`.
@@ -169,7 +172,7 @@ fn run_err(e: RunError, name: &LockName) -> Error {
 }
 
 impl MyBackend {
-    pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
+    pub(crate) async fn connect(url: &str, settings: &Settings, locker_id: u64) -> Result<Self> {
         let connector = Connector::from_url(url, settings)?;
         // Connect now, so a bad URL, server or password fails here; the
         // connection serves the first lock.
@@ -182,6 +185,7 @@ impl MyBackend {
                 held: Mutex::default(),
             }),
             arbiter: Arc::default(),
+            locker_id,
         })
     }
 
