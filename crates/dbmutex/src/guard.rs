@@ -40,6 +40,9 @@ pub struct LockGuard {
     mode: Mode,
     acquired_at: Instant,
     count: Arc<AtomicUsize>,
+    /// Set when the guard lets go of the lock, so that closing its
+    /// connection afterwards is not reported as a loss.
+    done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -60,6 +63,7 @@ impl LockGuard {
             mode,
             acquired_at: Instant::now(),
             count,
+            done: Arc::default(),
         }
     }
 
@@ -87,24 +91,25 @@ impl LockGuard {
         }
     }
 
-    /// Completes when the lock is lost. Never completes for a lock that
-    /// cannot be lost (local backend) or that is released first.
+    /// Completes when the lock is lost while this guard holds it. Never
+    /// completes for a lock that cannot be lost (local backend), nor once
+    /// the guard has released it (or been dropped).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: the future only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let rx = self.held.as_ref().and_then(|h| h.lost_signal());
+        let done = self.done.clone();
         async move {
-            match rx {
-                Some(mut rx) => {
-                    if rx.wait_for(|lost| *lost).await.is_err() {
-                        // The connection's state is gone with the connection.
-                        std::future::pending::<()>().await;
-                    }
+            if let Some(mut rx) = rx {
+                // The connection's end is this lock's loss only if the guard
+                // still held it then.
+                if rx.wait_for(|lost| *lost).await.is_ok() && !done.load(Ordering::SeqCst) {
+                    return;
                 }
-                None => std::future::pending::<()>().await,
             }
+            std::future::pending::<()>().await
         }
     }
 
@@ -119,6 +124,7 @@ impl LockGuard {
     /// happens in the background.
     pub async fn release(mut self) -> Result<()> {
         let held = self.held.take().expect("guard holds until released");
+        self.done.store(true, Ordering::SeqCst);
         self.count.fetch_sub(1, Ordering::Relaxed);
         let hold_time = self.acquired_at.elapsed();
         // If this future is dropped mid-way, `held` is dropped with it and its
@@ -139,6 +145,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
+            self.done.store(true, Ordering::SeqCst);
             self.count.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released on drop");
             // Dropping the release future is not enough for every backend;

@@ -23,3 +23,8 @@ pub use locker::{
     DEFAULT_MAX_LOCKS,
 };
 pub use options::{LockOptions, Mode, WaitStrategy};
+
+/// The workspace README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct WorkspaceReadme;

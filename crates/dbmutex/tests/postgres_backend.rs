@@ -576,3 +576,81 @@ async fn server_wait_connections_are_reused_clean() {
     assert_ne!(l.holders(n1.as_str()).await.unwrap()[0].pid, pid1);
     g.release().await.unwrap();
 }
+
+/// A server default `lock_timeout` (here from the URL's `options`) does not
+/// cut short a wait the caller asked to be unbounded.
+#[tokio::test]
+async fn server_default_lock_timeout_does_not_cut_unbounded_waits() {
+    let url = pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let impatient = format!("{url}{sep}options=-c%20lock_timeout%3D200");
+    let holder = Backend::Postgres.locker().await;
+    let l = Backend::Postgres.connect(Locker::builder(&impatient)).await;
+    let name = unique("deflt");
+    let g = holder.lock(name.as_str()).await.unwrap();
+    for opts in [server_wait(None), server_wait(None).transaction(true)] {
+        let (l2, n2, o2) = (l.clone(), name.clone(), opts.clone());
+        let waiter = tokio::spawn(async move { l2.acquire(n2.as_str(), &o2).await });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{opts:?}: gave up early: {:?}",
+            waiter.await
+        );
+        waiter.abort();
+        let _ = waiter.await;
+    }
+    // The same in the caller's own transaction.
+    let (mut c, conn) = tokio_postgres::connect(&impatient, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = c.transaction().await.unwrap();
+    let t = Instant::now();
+    let bounded = lock_xact(
+        &tx,
+        name.as_str(),
+        &server_wait(Some(Duration::from_millis(600))),
+        &Prefix::none(),
+    )
+    .await
+    .unwrap();
+    assert!(!bounded);
+    assert!(
+        t.elapsed() >= Duration::from_millis(600),
+        "our bound, not the default: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(show_lock_timeout(&tx).await, "200ms", "the default is back");
+    drop(tx);
+    g.release().await.unwrap();
+}
+
+/// `lost()` is about the lock, not the connection: after a release (which
+/// may close or recycle the connection) it never completes.
+#[tokio::test]
+async fn lost_does_not_fire_after_release() {
+    let l = Backend::Postgres.locker().await;
+    for opts in [
+        LockOptions::new(),
+        server_wait(None),
+        LockOptions::new().transaction(true),
+    ] {
+        let g = l
+            .acquire(unique("lostrel").as_str(), &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        let lost = g.lost();
+        g.release().await.unwrap();
+        // Recycle or close the connection the guard used.
+        let g2 = l
+            .acquire(unique("lostrel2").as_str(), &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        drop(g2);
+        let fired = tokio::time::timeout(Duration::from_millis(300), lost).await;
+        assert!(fired.is_err(), "{opts:?}: lost() completed after release");
+    }
+}

@@ -239,23 +239,27 @@ impl PgBackend {
         opts: &LockOptions,
         settings: &Settings,
     ) -> Result<Option<Box<dyn Held>>> {
-        let reused = {
+        let spare_conn = {
             let mut s = self.spares.lock().unwrap_or_else(|e| e.into_inner());
             std::iter::from_fn(|| s.pop()).find(|c| !c.is_lost())
         };
-        let conn = match reused {
-            Some(c) => c,
-            None => self.connector.connect(settings, None).await?,
+        let (conn, got) = match spare_conn {
+            Some(c) => match wait_dedicated(&c, name, key, opts).await {
+                // A spare may have died unnoticed while idle: once, on a new one.
+                Err(Error::Connect(_)) => {
+                    c.close();
+                    let c = self.connector.connect(settings, None).await?;
+                    let got = wait_dedicated(&c, name, key, opts).await;
+                    (c, got)
+                }
+                got => (c, got),
+            },
+            None => {
+                let c = self.connector.connect(settings, None).await?;
+                let got = wait_dedicated(&c, name, key, opts).await;
+                (c, got)
+            }
         };
-        // Armed until the outcome is known: if this future is dropped while
-        // a statement may still run, cancel it and close the session.
-        let mut abandon = Abandon(Some(conn.clone()));
-        let got = if opts.transaction {
-            wait_xact_dedicated(&conn, name, key, opts).await
-        } else {
-            wait_session_dedicated(&conn, name, key, opts).await
-        };
-        abandon.0 = None;
         match got {
             Ok(true) => Ok(Some(Box::new(DedicatedHeld {
                 conn: Some(conn),
@@ -466,6 +470,20 @@ async fn unlock_on(conn: &PgConn, key: PgKey, mode: Mode, name: &LockName, comme
     }
 }
 
+/// The wait on a dedicated connection, cancel-safe: if the future is dropped
+/// while a statement may still run, the statement is cancelled and the
+/// session closed.
+async fn wait_dedicated(conn: &Arc<PgConn>, name: &LockName, key: PgKey, opts: &LockOptions) -> Result<bool> {
+    let mut abandon = Abandon(Some(conn.clone()));
+    let got = if opts.transaction {
+        wait_xact_dedicated(conn, name, key, opts).await
+    } else {
+        wait_session_dedicated(conn, name, key, opts).await
+    };
+    abandon.0 = None;
+    got
+}
+
 /// A session lock on a dedicated connection, waiting in the server.
 async fn wait_session_dedicated(
     conn: &PgConn,
@@ -484,15 +502,14 @@ async fn wait_session_dedicated(
     }
     let lock = sql::inline(Call::Wait, false, opts.mode, &key, name);
     // A multi-statement simple query runs as one implicit transaction, so
-    // the transaction-local setting ends with it: one round trip, and the
-    // session's own lock_timeout is never touched.
-    let batch = match opts.timeout {
-        None => lock,
-        Some(d) => format!(
-            "SELECT set_config('lock_timeout', '{}ms', true); {lock}",
-            sql::lock_timeout_ms(d)
-        ),
-    };
+    // the transaction-local settings end with it: one round trip, and the
+    // session's own settings are never touched. Both are set even for an
+    // unbounded wait: a role's or database's default lock_timeout or
+    // statement_timeout must not cut short the wait the caller chose.
+    let batch = format!(
+        "SELECT set_config('lock_timeout', '{}ms', true), set_config('statement_timeout', '0', true); {lock}",
+        sql::wait_ms(opts.timeout)
+    );
     match conn.client.simple_query(&batch).await {
         Ok(_) => Ok(true),
         Err(e) if is_lock_timeout(&e) => Ok(false),
@@ -517,13 +534,11 @@ async fn wait_xact_dedicated(conn: &PgConn, name: &LockName, key: PgKey, opts: &
         return Ok(got.is_some());
     }
     let lock = sql::inline(Call::Wait, true, opts.mode, &key, name);
-    let batch = match opts.timeout {
-        None => format!("BEGIN; {lock}"),
-        Some(d) => format!(
-            "BEGIN; SET LOCAL lock_timeout = '{}ms'; {lock}; SET LOCAL lock_timeout TO DEFAULT",
-            sql::lock_timeout_ms(d)
-        ),
-    };
+    let batch = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0; {lock}; \
+         SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT",
+        sql::wait_ms(opts.timeout)
+    );
     match c.simple_query(&batch).await {
         Ok(_) => Ok(true),
         Err(e) if is_lock_timeout(&e) => Ok(false),
@@ -716,33 +731,24 @@ pub async fn lock_xact(
         return Ok(got.is_some());
     }
     let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name);
-    let (batch, restore) = match opts.timeout {
-        None => (
-            format!("SAVEPOINT dbmutex_wait; {lock}; RELEASE SAVEPOINT dbmutex_wait"),
-            false,
-        ),
-        Some(d) => (
-            format!(
-                "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
-                 SELECT set_config('lock_timeout', '{}ms', true); {lock}; RELEASE SAVEPOINT dbmutex_wait",
-                sql::lock_timeout_ms(d)
-            ),
-            true,
-        ),
-    };
+    // lock_timeout is set even for an unbounded wait (to 0): a default from
+    // the role or database must not cut the wait short.
+    let batch = format!(
+        "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
+         SELECT set_config('lock_timeout', '{}ms', true); {lock}; RELEASE SAVEPOINT dbmutex_wait",
+        sql::wait_ms(opts.timeout)
+    );
     match tx.simple_query(&batch).await {
         Ok(msgs) => {
-            if restore {
-                // A setting made inside a released savepoint stays in force
-                // until the transaction ends: put the old value back.
-                let old = first_text(&msgs).unwrap_or_default();
-                tx.query_typed(
-                    "SELECT set_config('lock_timeout', $1, true)",
-                    &[(&old, Type::TEXT)],
-                )
-                .await
-                .map_err(|e| db_err(e, &name))?;
-            }
+            // A setting made inside a released savepoint stays in force
+            // until the transaction ends: put the old value back.
+            let old = first_text(&msgs).unwrap_or_default();
+            tx.query_typed(
+                "SELECT set_config('lock_timeout', $1, true)",
+                &[(&old, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| db_err(e, &name))?;
             Ok(true)
         }
         Err(e) => {

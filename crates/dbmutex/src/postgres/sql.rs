@@ -70,6 +70,12 @@ pub(crate) fn lock_timeout_ms(d: std::time::Duration) -> u128 {
     d.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128)
 }
 
+/// `lock_timeout` for a wait: the bound in milliseconds, or `0` (no
+/// timeout) for a wait without one.
+pub(crate) fn wait_ms(timeout: Option<std::time::Duration>) -> u128 {
+    timeout.map_or(0, lock_timeout_ms)
+}
+
 /// Typed parameters of a bound statement.
 pub(crate) enum Params {
     Pair(i32, i32),
