@@ -25,6 +25,29 @@ pub(crate) struct Slot {
     /// Another process has said it waits for this key: tell it on release.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) wanted: std::sync::atomic::AtomicBool,
+    /// Tasks waiting for the in-process hold now.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
+    /// Server locks a releaser left on its session for the next in-process
+    /// holder (PostgreSQL), one entry per lock: the session's id.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) parked: Mutex<Vec<u64>>,
+}
+
+/// Counts a task as waiting while it lives.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -127,6 +150,7 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
                 .unwrap_or_else(|e| e.into_inner())
                 .try_take(mode)
         };
+        let mut waiting = None;
         let took = loop {
             let notified = slot.slot.local.notified();
             tokio::pin!(notified);
@@ -135,6 +159,7 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
             if try_take(&slot.slot) {
                 break true;
             }
+            waiting.get_or_insert_with(|| Waiting::new(&slot.slot.waiting));
             match deadline {
                 None => notified.await,
                 Some(d) => {
@@ -145,6 +170,7 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
                 }
             }
         };
+        drop(waiting);
         // Not `then_some`: building a Hold we do not own would give back
         // someone else's hold when it drops.
         if took {

@@ -654,3 +654,47 @@ async fn lost_does_not_fire_after_release() {
         assert!(fired.is_err(), "{opts:?}: lost() completed after release");
     }
 }
+
+/// In-process hand-off parks the server lock for the waiting task: the lock
+/// never becomes free for other sessions in between, and a parked lock
+/// whose waiter went away is unlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_handoff_keeps_the_server_lock() {
+    let l = Backend::Postgres.locker().await;
+    let other = Backend::Postgres.locker().await;
+    let name = unique("park");
+    for round in 0..20 {
+        let a = l.lock(name.as_str()).await.unwrap();
+        let (l2, n2) = (l.clone(), name.clone());
+        let waiter = tokio::spawn(async move { l2.lock(n2.as_str()).await.unwrap() });
+        // Let the waiter start waiting in-process.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.release().await.unwrap();
+        let b = waiter.await.unwrap();
+        assert!(b.is_held());
+        assert!(
+            other.try_lock(name.as_str()).await.unwrap().is_none(),
+            "round {round}: the server lock must still be ours"
+        );
+        b.release().await.unwrap();
+        assert!(
+            common::eventually(Duration::from_secs(2), || common::free_for(&other, &name)).await,
+            "round {round}: freed after the last release"
+        );
+    }
+    // A waiter that goes away right after the hand-off began.
+    for _ in 0..20 {
+        let a = l.lock(name.as_str()).await.unwrap();
+        let (l2, n2) = (l.clone(), name.clone());
+        let waiter = tokio::spawn(async move { l2.lock(n2.as_str()).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        a.release().await.unwrap();
+        waiter.abort();
+        let _ = waiter.await;
+        assert!(
+            common::eventually(Duration::from_secs(2), || common::free_for(&other, &name)).await,
+            "a parked lock nobody took is unlocked"
+        );
+    }
+    assert_eq!(l.held_count(), 0);
+}

@@ -222,6 +222,8 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 /// One server session. When its connection ends, for whatever reason, `lost`
 /// turns true at once: every lock held on it is gone.
 pub(crate) struct PgConn {
+    /// Unique in the process, to tell sessions apart.
+    pub(crate) id: u64,
     pub(crate) client: Client,
     lost: watch::Sender<bool>,
     cancel: CancelToken,
@@ -264,7 +266,9 @@ impl PgConn {
             }
             lost_tx.send_replace(true);
         });
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Arc::new(PgConn {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             cancel: client.cancel_token(),
             client,
             lost,

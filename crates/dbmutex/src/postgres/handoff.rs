@@ -1,5 +1,16 @@
-//! Hand-off between processes without polling, over `LISTEN`/`NOTIFY`.
+//! Hand-off without polling: between tasks of one process by parking the
+//! server lock, between processes over `LISTEN`/`NOTIFY`.
 //!
+//! **In-process.** When a task releases an exclusive lock that another task
+//! of the same locker is waiting for, the unlock is skipped: the server lock
+//! stays on the shared session, "parked" for the next in-process holder,
+//! who takes it without a round trip. A parked lock nobody takes within
+//! [`REAP_AFTER`] (the waiter was cancelled or timed out) is unlocked then.
+//! Session locks are counted, so a parked lock is exactly one count that is
+//! either taken over or unlocked, never both. Not done when another process
+//! has announced it waits (so processes take turns), nor for shared locks.
+//!
+//! **Between processes.**
 //! Every lock session listens on one channel. A waiter whose try fails
 //! announces `w <key>` ("I want it"); a process holding that key marks it
 //! wanted, and when it releases, it sends `r <key>` after the unlock, which
@@ -16,9 +27,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
-use super::{NotifyHandler, PgConn};
+use super::{unlock_on, NotifyHandler, PgConn};
 use crate::arbiter::{Arbiter, Hold};
 use crate::key::PgKey;
+use crate::{LockName, Mode};
 
 /// The channel every lock session listens on.
 pub(crate) const CHANNEL: &str = "dbmutex_handoff";
@@ -111,6 +123,51 @@ pub(crate) fn wanted(hold: Option<&Hold<PgKey>>) -> bool {
 /// processed the unlock before anyone hears of it.
 pub(crate) fn notify_release(conn: &Arc<PgConn>, key: PgKey) {
     send(conn, payload('r', &key));
+}
+
+/// How long a parked lock waits for an in-process taker.
+pub(crate) const REAP_AFTER: Duration = Duration::from_millis(2);
+
+/// Parks the exclusive lock `hold` guards on `conn` for an in-process
+/// waiter instead of unlocking it, if one waits and no other process does.
+/// Returns the hold back when it did not park.
+pub(crate) fn park(
+    conn: &Arc<PgConn>,
+    key: PgKey,
+    name: &LockName,
+    comment: bool,
+    hold: Hold<PgKey>,
+) -> Option<Hold<PgKey>> {
+    let slot = hold.slot().clone();
+    if slot.waiting.load(Ordering::SeqCst) == 0 || slot.wanted.load(Ordering::Relaxed) || conn.is_lost() {
+        return Some(hold);
+    }
+    slot.parked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(conn.id);
+    // Wakes the waiters; the first to take the hold takes the parked lock.
+    drop(hold);
+    let (c, name) = (conn.clone(), name.clone());
+    drop(conn.runtime.spawn(async move {
+        tokio::time::sleep(REAP_AFTER).await;
+        if take_parked(&slot, c.id) {
+            let _ = unlock_on(&c, key, Mode::Exclusive, &name, comment).await;
+        }
+    }));
+    None
+}
+
+/// Takes a lock parked on session `conn_id`, if there is one.
+pub(crate) fn take_parked(slot: &crate::arbiter::Slot, conn_id: u64) -> bool {
+    let mut parked = slot.parked.lock().unwrap_or_else(|e| e.into_inner());
+    match parked.iter().position(|&id| id == conn_id) {
+        Some(i) => {
+            parked.swap_remove(i);
+            true
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]

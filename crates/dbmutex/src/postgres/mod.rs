@@ -208,6 +208,17 @@ impl PgBackend {
             return Ok(None);
         };
         let conn = self.session(settings).await?;
+        if opts.mode == Mode::Exclusive && handoff::take_parked(hold.slot(), conn.id) {
+            // A task of ours left the server lock on the session for us.
+            return Ok(Some(Box::new(SessionHeld {
+                conn,
+                key,
+                mode: opts.mode,
+                name: name.clone(),
+                comment: settings.name_comments,
+                hold: Some(hold),
+            })));
+        }
         let remote = hold.slot().clone();
         let want = handoff::Want::new(&conn, key);
         let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || async {
@@ -444,7 +455,13 @@ impl Drop for Taken {
 
 /// `pg_advisory_unlock*` on `conn`: `Err(LockLost)` when the server says we
 /// did not hold it or the connection is gone.
-async fn unlock_on(conn: &PgConn, key: PgKey, mode: Mode, name: &LockName, comment: bool) -> Result<()> {
+pub(super) async fn unlock_on(
+    conn: &PgConn,
+    key: PgKey,
+    mode: Mode,
+    name: &LockName,
+    comment: bool,
+) -> Result<()> {
     if conn.is_lost() {
         return Err(Error::LockLost {
             name: name.to_string(),
@@ -574,7 +591,15 @@ impl Held for SessionHeld {
             let mut this = self;
             // From here on this future owns the unlock; dropped before its
             // first poll, `this` drops instead and queues the unlock itself.
-            let hold = this.hold.take();
+            let mut hold = this.hold.take();
+            if this.mode == Mode::Exclusive {
+                if let Some(h) = hold.take() {
+                    hold = handoff::park(&this.conn, this.key, &this.name, this.comment, h);
+                    if hold.is_none() {
+                        return Ok(());
+                    }
+                }
+            }
             let unlock = unlock_on(&this.conn, this.key, this.mode, &this.name, this.comment);
             tokio::pin!(unlock);
             // The first poll sends the unlock. Once it is on the wire, an
