@@ -105,20 +105,25 @@ struct Stats {
     lost: AtomicU64,
     lost_at_release: AtomicU64,
     conflicts: AtomicU64,
+    /// The longest acquire that ended in an error (server down, session
+    /// killed), in ms: it must stay within the connect timeout plus the
+    /// acquire's own bound.
+    error_max_ms: AtomicU64,
 }
 
 impl Stats {
     fn line(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "progress sections={} not_acquired={} cancelled={} errors={} lost={} lost_at_release={} conflicts={}",
+            "progress sections={} not_acquired={} cancelled={} errors={} lost={} lost_at_release={} conflicts={} error_max_ms={}",
             g(&self.sections),
             g(&self.not_acquired),
             g(&self.cancelled),
             g(&self.errors),
             g(&self.lost),
             g(&self.lost_at_release),
-            g(&self.conflicts)
+            g(&self.conflicts),
+            g(&self.error_max_ms)
         )
     }
 }
@@ -283,6 +288,8 @@ async fn task(
                 continue;
             }
             Err(e) => {
+                let took = asked.elapsed().unwrap_or_default().as_millis() as u64;
+                stats.error_max_ms.fetch_max(took, Ordering::Relaxed);
                 if bump(&stats.errors) < 3 {
                     eprintln!("chaos worker {id}.{t}: acquire: {e}");
                 }
@@ -328,6 +335,8 @@ async fn task(
                 }
             }
             Err(e) => {
+                let took = asked.elapsed().unwrap_or_default().as_millis() as u64;
+                stats.error_max_ms.fetch_max(took, Ordering::Relaxed);
                 if bump(&stats.errors) < 3 {
                     eprintln!("chaos worker {id}.{t}: release: {e}");
                 }
@@ -375,6 +384,14 @@ impl Seen {
                 self.idle.push(id);
             }
         }
+    }
+
+    fn max(&self, key: &str) -> u64 {
+        self.progress
+            .values()
+            .map(|m| m.get(key).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
     }
 
     fn total(&self, key: &str) -> u64 {
@@ -767,9 +784,10 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
             ms(latencies.last().copied().unwrap_or(0))
         ),
         format!(
-            "not_acquired={} acquire_errors={}",
+            "not_acquired={} acquire_errors={} longest_failed_acquire_ms={}",
             seen.total("not_acquired"),
-            seen.total("errors")
+            seen.total("errors"),
+            seen.max("error_max_ms")
         ),
         format!("workers_idle_at_stop={idle}/{}", workers.len()),
         format!("locks_held_by_workers_after_release={leaks_live}"),
@@ -787,6 +805,10 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     }
     if idle < workers.len() {
         failed.push("a worker did not stop");
+    }
+    // Connect timeout (5 s) + the longest lock wait asked for (1 s) + slack.
+    if seen.max("error_max_ms") > 7_500 {
+        failed.push("a failed acquire overran its bound (connect timeout + wait)");
     }
     if sections < 1000 {
         failed.push("fewer than 1000 sections ran");
