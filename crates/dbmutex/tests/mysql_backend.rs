@@ -645,3 +645,167 @@ async fn server_semantics_as_documented() {
     assert!(s1.reset().await.unwrap());
     assert_eq!(used_by(&mut s2, &key).await, None);
 }
+
+/// A cancelled nested acquisition (its `GET_LOCK` running on the enclosing
+/// scoped call's session) must not end that session: the outer lock stays
+/// held for the rest of the scope, and the abandoned wait never takes the
+/// inner lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_nested_acquisition_keeps_the_outer_lock() {
+    let (a, other) = (locker().await, locker().await);
+    let (outer, inner, spare) = (unique("nc-outer"), unique("nc-inner"), unique("nc-spare"));
+    let inner_key = a.key_of(inner.as_str()).unwrap();
+    let mut raw = mysql_raw().await;
+    let g = other.lock(inner.as_str()).await.unwrap();
+    let out = a
+        .with_lock(outer.as_str(), &LockOptions::new(), || async {
+            let r = tokio::time::timeout(Duration::from_millis(300), a.lock(inner.as_str())).await;
+            assert!(r.is_err(), "the inner lock is busy");
+            // During the cleanup of the abandoned wait, and after it.
+            for i in 0..8 {
+                assert!(
+                    other.try_lock(outer.as_str()).await.unwrap().is_none(),
+                    "the outer lock was freed inside its scope ({} ms after the cancel)",
+                    i * 100
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // The session still serves nested acquisitions.
+            let s = a.try_lock(spare.as_str()).await.unwrap().expect("spare is free");
+            s.release().await.unwrap();
+            7
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, dbmutex::Outcome::Acquired(7));
+    g.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        used_by(&mut raw, &inner_key).await,
+        None,
+        "the abandoned wait took the lock"
+    );
+    assert!(other.try_lock(outer.as_str()).await.unwrap().is_some());
+    assert_eq!(a.held_count(), 0);
+}
+
+/// The scope ends right after a cancelled nested acquisition: the outer
+/// release waits for the cleanup to give the session back, and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_ending_during_nested_cleanup_releases_normally() {
+    let (a, other) = (locker().await, locker().await);
+    let (outer, inner) = (unique("ncr-outer"), unique("ncr-inner"));
+    let mut raw = mysql_raw().await;
+    let g = other.lock(inner.as_str()).await.unwrap();
+    for _ in 0..5 {
+        let out = a
+            .with_lock(outer.as_str(), &LockOptions::new(), || async {
+                let r = tokio::time::timeout(Duration::from_millis(50), a.lock(inner.as_str())).await;
+                assert!(r.is_err());
+            })
+            .await;
+        assert_eq!(out.unwrap(), dbmutex::Outcome::Acquired(()));
+        let key = a.key_of(outer.as_str()).unwrap();
+        assert!(freed_within(&mut raw, &key, SETTLE).await);
+    }
+    g.release().await.unwrap();
+    assert_eq!(a.held_count(), 0);
+}
+
+/// A nested acquisition of one locker must never borrow the session of a
+/// lock held by another locker (here: one whose prefixed key happens to
+/// match the enclosing scope's name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_acquisition_stays_within_its_locker() {
+    let with_prefix = |p: &str| Locker::builder(&mysql_url()).prefix(dbmutex::Prefix::new(p));
+    let l1 = connect(with_prefix("dbmx-a:")).await;
+    let l2 = connect(with_prefix("dbmx-b:")).await;
+    let l3 = connect(with_prefix("dbmx-b:")).await;
+    let (x, busy) = (unique("xl-x"), unique("xl-busy"));
+    let other_guard = tokio::spawn({
+        let (l2, x) = (l2.clone(), x.clone());
+        async move { l2.lock(x.as_str()).await.unwrap() }
+    })
+    .await
+    .unwrap();
+    let b = l3.lock(busy.as_str()).await.unwrap();
+    l1.with_lock(x.as_str(), &LockOptions::new(), || async {
+        let r = tokio::time::timeout(Duration::from_millis(300), l2.lock(busy.as_str())).await;
+        assert!(r.is_err());
+    })
+    .await
+    .unwrap()
+    .acquired()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(other_guard.is_held(), "another locker's guard was lost");
+    assert!(
+        l3.try_lock(x.as_str()).await.unwrap().is_none(),
+        "its lock was freed"
+    );
+    other_guard.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
+/// A finite timeout beyond what `GET_LOCK` accepts still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_finite_timeout_waits() {
+    let (a, other) = (locker().await, locker().await);
+    let name = unique("huge");
+    let g = other.lock(name.as_str()).await.unwrap();
+    let waiting = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move {
+            a.acquire(
+                name.as_str(),
+                &LockOptions::new().timeout(Duration::from_secs(1 << 40)),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "gave up at once: {:?}", waiting.await);
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(SETTLE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    got.expect("acquired after the holder let go")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Releasing a nested guard is not held up for the whole of another nested
+/// wait on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_release_is_not_blocked_by_a_nested_wait() {
+    let (a, other) = (locker().await, locker().await);
+    let (outer, n1, busy) = (unique("nr-outer"), unique("nr-n1"), unique("nr-busy"));
+    let b = other.lock(busy.as_str()).await.unwrap();
+    a.with_lock(outer.as_str(), &LockOptions::new(), || async {
+        let g1 = a.lock(n1.as_str()).await.unwrap();
+        let opts = LockOptions::new().timeout(Duration::from_secs(5));
+        let wait = a.acquire(busy.as_str(), &opts);
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let t = Instant::now();
+            g1.release().await.unwrap();
+            let took = t.elapsed();
+            assert!(
+                other.try_lock(n1.as_str()).await.unwrap().is_some(),
+                "released in the server"
+            );
+            took
+        };
+        let (w, took) = tokio::join!(wait, release);
+        assert!(took < Duration::from_millis(2500), "the release waited {took:?}");
+        assert!(w.unwrap().is_none(), "busy stays held");
+    })
+    .await
+    .unwrap()
+    .acquired()
+    .unwrap();
+    b.release().await.unwrap();
+}

@@ -33,6 +33,7 @@ const IDLE_TTL: Duration = Duration::from_secs(60);
 pub(crate) struct Connector {
     opts: Opts,
     connect_timeout: Duration,
+    keepalive: Duration,
     idle: Mutex<Vec<(Conn, Instant)>>,
 }
 
@@ -69,6 +70,7 @@ impl Connector {
         Ok(Connector {
             opts: builder.into(),
             connect_timeout: settings.connect_timeout,
+            keepalive: settings.keepalive,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -156,19 +158,51 @@ impl Connector {
         }
     }
 
+    /// The locker's keepalive period.
+    pub(crate) fn keepalive(&self) -> Duration {
+        self.keepalive
+    }
+
+    /// The longest [`kill`](Self::kill) or [`kill_query`](Self::kill_query)
+    /// takes: a connect (twice, when a reused connection turns out dead) and
+    /// one short statement.
+    pub(crate) fn kill_bound(&self) -> Duration {
+        self.connect_timeout
+            .saturating_mul(2)
+            .saturating_add(super::answer_bound(Duration::ZERO, self.keepalive))
+    }
+
     /// Kills connection `id` (`KILL CONNECTION`) from another connection, so
     /// that a statement still running there ends now and the session's locks
     /// are freed. A connection that is already gone is fine.
     pub(crate) async fn kill(&self, id: u32) {
+        self.kill_what("CONNECTION", id).await;
+    }
+
+    /// Ends the statement running on connection `id` (`KILL QUERY`) from
+    /// another connection; the session and its locks stay. `false` when
+    /// the kill could not be sent.
+    pub(crate) async fn kill_query(&self, id: u32) -> bool {
+        self.kill_what("QUERY", id).await
+    }
+
+    /// Bounded by [`kill_bound`](Self::kill_bound).
+    async fn kill_what(&self, what: &str, id: u32) -> bool {
         // An integer we own: safe to inline, and KILL cannot be prepared everywhere.
-        let sql = format!("KILL CONNECTION {id}");
-        let r = self.run(|c| c.query_drop(sql.clone())).await;
+        let sql = format!("KILL {what} {id}");
+        let bound = self.kill_bound();
+        let r = tokio::time::timeout(bound, self.run(|c| c.query_drop(sql.clone()))).await;
         match r {
-            Ok(()) => {}
+            Ok(Ok(())) => true,
             // 1094: unknown thread id — it ended by itself.
-            Err(RunError::Query(mysql_async::Error::Server(e))) if e.code == 1094 => {}
-            Err(e) => {
-                tracing::warn!(connection = id, error = %e, "dbmutex: could not kill an abandoned MySQL connection")
+            Ok(Err(RunError::Query(mysql_async::Error::Server(e)))) if e.code == 1094 => true,
+            Ok(Err(e)) => {
+                tracing::warn!(connection = id, error = %e, "dbmutex: could not send {sql}");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(connection = id, "dbmutex: {sql} got no answer within {bound:?}");
+                false
             }
         }
     }

@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 
-use super::{db_err, Shared};
+use super::{answer_bound, db_err, spawn_kill, Shared, NESTED_CHUNK};
 use crate::arbiter::Hold;
 use crate::guard::{BoxFuture, Held};
 use crate::{Error, LockName, Result};
@@ -53,6 +53,11 @@ impl LockConn {
             ping_timeout(keepalive),
         )));
         lc
+    }
+
+    /// The server's connection id.
+    pub(super) fn id(&self) -> u32 {
+        self.id
     }
 
     pub(super) fn is_lost(&self) -> bool {
@@ -225,7 +230,26 @@ impl Release {
         };
         // Waits for a ping or nested acquisition in progress: a command cut
         // off midway would leave the connection's protocol state unknown.
-        let mut slot = lc.conn.lock().await;
+        // Bounded: a nested wait gives the session back after each chunk,
+        // and an abandoned one after its cleanup; longer means the session
+        // is stuck, and it is ended.
+        let keepalive = self.shared.connector.keepalive();
+        let busy_bound = answer_bound(NESTED_CHUNK, keepalive)
+            .saturating_mul(2)
+            .saturating_add(self.shared.connector.kill_bound())
+            .saturating_add(answer_bound(Duration::ZERO, keepalive));
+        let Ok(mut slot) = tokio::time::timeout(busy_bound, lc.conn.lock()).await else {
+            lc.lost.send_replace(true);
+            lc.stop.notify_one();
+            spawn_kill(&self.shared, lc.id);
+            return Err(Error::Database(
+                format!(
+                    "the connection holding {:?} stayed busy for {busy_bound:?}; it was killed, which frees its locks",
+                    self.name
+                )
+                .into(),
+            ));
+        };
         let Some(conn) = slot.as_mut() else {
             return Err(lost());
         };
@@ -272,7 +296,9 @@ impl Release {
             Err(_) => {
                 end_session(&mut slot);
                 drop(slot);
-                self.shared.connector.kill(lc.id).await;
+                // In the background: the release must not wait on a server
+                // that did not answer.
+                spawn_kill(&self.shared, lc.id);
                 Err(Error::Database(
                     format!("RELEASE_LOCK got no answer within {timeout:?}; the connection was closed")
                         .into(),

@@ -25,12 +25,36 @@
 //! # Waiting
 //!
 //! `GET_LOCK` always waits in the server, so [`WaitStrategy`](crate::WaitStrategy)
-//! makes no difference here. A bounded wait passes the remaining time in
-//! fractional seconds; "wait forever" repeats `GET_LOCK(name, 3600)`
-//! (MariaDB rejects negative timeouts instead of waiting forever).
-//! If an acquisition is dropped while `GET_LOCK` runs, its session is
-//! killed (`KILL CONNECTION` from another connection), so the abandoned wait
-//! can never take the lock later.
+//! makes no difference here. A wait is a series of `GET_LOCK(name, t)`
+//! calls, each with the remaining time in fractional seconds but at most an
+//! hour (MariaDB rejects negative timeouts instead of waiting forever, and
+//! answers 0 at once to timeouts beyond about 1.7e10 s); "wait forever"
+//! repeats them without end. A nested acquisition (below) waits in chunks of
+//! at most a second, giving the session back between them.
+//!
+//! Each `GET_LOCK` call is also bounded in the client: if no answer comes
+//! within its timeout plus `2 × keepalive + 2 s` (a silent network
+//! partition, a stalled server), the session is treated as dead — closed and
+//! killed from another connection — and the acquisition fails with
+//! [`Error::Connect`]. No wait outlives its bound by more than that margin.
+//!
+//! If an acquisition is dropped while `GET_LOCK` runs on a session of its
+//! own, that session is killed (`KILL CONNECTION` from another connection),
+//! so the abandoned wait can never take the lock later. A nested
+//! acquisition runs on the enclosing lock's session, which must survive: its
+//! wait runs in a task of its own, and when the acquisition is dropped that
+//! task ends the statement with `KILL QUERY` (from another connection),
+//! reads the result, releases the lock if `GET_LOCK` took it first, and only
+//! then gives the session back. The enclosing lock stays held throughout;
+//! its release waits for the session meanwhile.
+//!
+//! Limit: statements on one session run one at a time, so releasing a lock
+//! held on a session (a nested guard, or the enclosing one) waits for the
+//! `GET_LOCK` chunk or keepalive ping in progress there — at most about a
+//! second plus the margin above in normal operation. If the session stays
+//! busy much longer than that (bounded by a few multiples of that margin
+//! plus the connect timeout), the release gives up: the session is killed,
+//! which frees every lock it held, and the release reports an error.
 //!
 //! # Deadlocks
 //!
@@ -89,17 +113,83 @@ use mysql_async::Conn;
 use tokio::time::Instant;
 
 use conn::{Checkout, Connector, RunError};
-use held::{Claim, LockConn, MyHeld};
+use held::{Claim, MyHeld};
+use tokio::sync::oneshot;
 
-use crate::arbiter::Arbiter;
+use crate::arbiter::{Arbiter, Hold};
 use crate::guard::Held;
 use crate::key::mysql_lock_string;
 use crate::locker::{Holder, ListedLock, Settings};
 use crate::{wait, BackendKind, Error, LockName, LockOptions, Mode, Result};
 
-/// The longest single `GET_LOCK` of a wait without a bound; the wait goes on
-/// with another one.
+/// The longest single `GET_LOCK` of a wait; a longer one (or one without a
+/// bound) goes on with another. MariaDB answers 0 at once to timeouts beyond
+/// about 1.7e10 s, so a large finite timeout must be cut up too.
 const FOREVER_CHUNK: Duration = Duration::from_secs(3600);
+
+/// The longest single `GET_LOCK` of a nested acquisition: between chunks the
+/// enclosing session is free for the release of its other locks and for its
+/// keepalive pings.
+pub(crate) const NESTED_CHUNK: Duration = Duration::from_secs(1);
+
+/// How long the client waits for the answer to a statement that may wait
+/// `wait` in the server before treating the session as dead.
+pub(crate) fn answer_bound(wait: Duration, keepalive: Duration) -> Duration {
+    wait.saturating_add(keepalive.saturating_mul(2))
+        .saturating_add(Duration::from_secs(2))
+}
+
+/// The timeout of the next `GET_LOCK` of a wait: what is left until
+/// `deadline` (forever when `None`), at most `cap`; and whether it is the
+/// last one (it reaches the deadline).
+fn chunk(deadline: Option<Instant>, now: Instant, cap: Duration) -> (Duration, bool) {
+    match deadline {
+        None => (cap, false),
+        Some(d) => {
+            let left = d.saturating_duration_since(now);
+            if left <= cap {
+                (left, true)
+            } else {
+                (cap, false)
+            }
+        }
+    }
+}
+
+/// How one `GET_LOCK` call failed.
+enum Fail {
+    Driver(mysql_async::Error),
+    /// No answer within this long.
+    NoAnswer(Duration),
+}
+
+fn fail_err(f: Fail, name: &LockName) -> Error {
+    match f {
+        Fail::Driver(e) => db_err(e, name),
+        Fail::NoAnswer(bound) => Error::Connect(
+            format!(
+                "GET_LOCK for {name:?} got no answer within {bound:?} (its timeout plus the keepalive \
+                 margin); the connection was treated as dead and closed"
+            )
+            .into(),
+        ),
+    }
+}
+
+/// One `SELECT GET_LOCK(lock, wait)`, its answer awaited at most `bound`.
+async fn get_lock_once(
+    conn: &mut Conn,
+    lock: &str,
+    wait: Duration,
+    bound: Duration,
+) -> Result<Option<i64>, Fail> {
+    let q = conn.exec_first::<(Option<i64>,), _, _>("SELECT GET_LOCK(?, ?)", (lock, wait.as_secs_f64()));
+    match tokio::time::timeout(bound, q).await {
+        Ok(Ok(row)) => Ok(row.and_then(|(v,)| v)),
+        Ok(Err(e)) => Err(Fail::Driver(e)),
+        Err(_) => Err(Fail::NoAnswer(bound)),
+    }
+}
 
 /// MariaDB `ER_LOCK_DEADLOCK` and MySQL 8 `ER_USER_LOCK_DEADLOCK`.
 const DEADLOCK_CODES: [u16; 2] = [1213, 3058];
@@ -113,16 +203,16 @@ pub(crate) struct Shared {
     runtime: tokio::runtime::Handle,
     /// The session holding each lock string this backend holds, for
     /// acquisitions nested in a scoped call.
-    held: Mutex<HashMap<String, Arc<LockConn>>>,
+    held: Mutex<HashMap<String, Arc<held::LockConn>>>,
 }
 
 impl Shared {
-    fn remember(&self, lock: &str, lc: &Arc<LockConn>) {
+    fn remember(&self, lock: &str, lc: &Arc<held::LockConn>) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.insert(lock.to_owned(), lc.clone());
     }
 
-    fn forget(&self, lock: &str, lc: &Arc<LockConn>) {
+    fn forget(&self, lock: &str, lc: &Arc<held::LockConn>) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.get(lock).is_some_and(|h| Arc::ptr_eq(h, lc)) {
             held.remove(lock);
@@ -136,6 +226,8 @@ pub(crate) struct MyBackend {
     /// The id of the [`Locker`](crate::Locker) this backend serves: nested
     /// acquisitions borrow only sessions of scoped calls of that locker.
     locker_id: u64,
+    /// The locker's key prefix, to find the enclosing scoped call's lock.
+    prefix: crate::Prefix,
 }
 
 /// Maps a driver error met while working on `name`.
@@ -186,6 +278,7 @@ impl MyBackend {
             }),
             arbiter: Arc::default(),
             locker_id,
+            prefix: settings.prefix.clone(),
         })
     }
 
@@ -217,51 +310,47 @@ impl MyBackend {
         let Some(hold) = self.arbiter.hold(&lock, Mode::Exclusive, deadline).await else {
             return Ok(None);
         };
-        // Inside a scoped call holding a lock of this backend, wait on that
+        // Inside a scoped call holding a lock of this locker, wait on that
         // lock's session, as the gem does: the server then sees the whole
         // chain and can detect a deadlock.
-        if let Some(claim) = self.enclosing(settings) {
-            if let Some(mut borrowed) = claim.borrow().await {
-                let r = self.get_lock(borrowed.conn(), &lock, deadline).await;
-                let lc = claim.lock_conn().clone();
-                return match r {
-                    Ok(GetLock::Acquired) => {
-                        borrowed.give_back(true);
-                        Ok(Some(Box::new(MyHeld::new(
-                            self.shared.clone(),
-                            lc,
-                            lock,
-                            name.clone(),
-                            hold,
-                        ))))
-                    }
-                    Ok(GetLock::TimedOut) => {
-                        borrowed.give_back(false);
-                        Ok(None)
-                    }
-                    Ok(GetLock::Null) => {
-                        borrowed.give_back(false);
-                        Err(null_err(&lock))
-                    }
-                    Err(e @ mysql_async::Error::Server(_)) => {
-                        // The session keeps the locks it held (a deadlock
-                        // victim too).
-                        borrowed.give_back(false);
-                        Err(db_err(e, name))
-                    }
-                    // Dropping `borrowed` closes the session and reports its
-                    // locks lost.
-                    Err(e) => Err(db_err(e, name)),
+        let hold = match self.enclosing() {
+            None => hold,
+            Some(claim) => {
+                let (tx, rx) = oneshot::channel();
+                let nested = Nested {
+                    shared: self.shared.clone(),
+                    claim,
+                    lock: lock.clone(),
+                    name: name.clone(),
+                    deadline,
+                    keepalive: settings.keepalive,
                 };
+                // A task of its own: if this acquisition is dropped midway,
+                // the task still ends the wait cleanly and gives the
+                // session back (see `Nested::run`).
+                drop(self.shared.runtime.spawn(nested.run(hold, tx)));
+                match rx.await {
+                    Ok(NestedEnd::Done(r)) => return r.map(|h| h.map(|h| Box::new(h) as Box<dyn Held>)),
+                    // The enclosing session is gone; its scoped call is
+                    // stopping. Wait on a connection of our own.
+                    Ok(NestedEnd::Gone(hold)) => hold,
+                    Err(_) => {
+                        return Err(Error::Database(
+                            "the nested MySQL acquisition task ended unexpectedly".into(),
+                        ))
+                    }
+                }
             }
-            // The enclosing session is gone; its scoped call is stopping.
-        }
+        };
         let mut retried = false;
         loop {
             let Checkout { mut conn, reused } = self.shared.connector.checkout().await?;
-            match self.get_lock(&mut conn, &lock, deadline).await {
+            match self
+                .get_lock(&mut conn, &lock, deadline, settings.keepalive)
+                .await
+            {
                 Ok(GetLock::Acquired) => {
-                    let lc = LockConn::start(&self.shared, conn, settings.keepalive);
+                    let lc = held::LockConn::start(&self.shared, conn, settings.keepalive);
                     return Ok(Some(Box::new(MyHeld::new(
                         self.shared.clone(),
                         lc,
@@ -280,11 +369,17 @@ impl MyBackend {
                     self.shared.connector.checkin(conn);
                     return Err(null_err(&lock));
                 }
-                Err(e @ mysql_async::Error::Server(_)) => {
+                Err(Fail::Driver(e @ mysql_async::Error::Server(_))) => {
                     self.shared.connector.checkin(conn);
                     return Err(db_err(e, name));
                 }
-                Err(e) => {
+                Err(e @ Fail::NoAnswer(_)) => {
+                    // `get_lock` is killing the session; never retried: the
+                    // wait used up its bound.
+                    drop(conn);
+                    return Err(fail_err(e, name));
+                }
+                Err(Fail::Driver(e)) => {
                     // The connection died. If it was an idle one, it may have
                     // died while idle: one more try on a new connection.
                     drop(conn);
@@ -299,55 +394,54 @@ impl MyBackend {
     }
 
     /// The session of the innermost scoped call of this task that holds a
-    /// lock of this backend, claimed for one nested acquisition.
-    fn enclosing(&self, settings: &Settings) -> Option<Claim> {
+    /// lock of this backend's locker, claimed for one nested acquisition.
+    /// Scoped calls of other lockers never lend their sessions: their lock
+    /// strings may equal ones this locker holds through unrelated guards.
+    fn enclosing(&self) -> Option<Claim> {
         let scoped = crate::current_locks();
         let held = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());
         scoped
             .iter()
             .rev()
-            .filter(|h| h.backend == BackendKind::Mysql)
-            .filter_map(|h| mysql_lock_string(&h.name, &settings.prefix).ok())
-            .find_map(|key| held.get(&key).cloned())
+            .find(|h| h.backend == BackendKind::Mysql && h.locker_id() == self.locker_id)
+            .and_then(|h| mysql_lock_string(&h.name, &self.prefix).ok())
+            .and_then(|key| held.get(&key).cloned())
             .filter(|lc| !lc.is_lost())
             .and_then(|lc| lc.claim())
     }
 
-    /// `GET_LOCK` until acquired, refused (the deadline passed) or NULL.
+    /// `GET_LOCK` until acquired, refused (the deadline passed) or NULL, on
+    /// a session that holds nothing else.
     ///
     /// Cancel safety: if dropped while a `GET_LOCK` runs, the session is
     /// killed from another connection (and `conn`, dropped by the caller,
     /// closes), so a wait that is still running cannot take the lock later.
-    /// The same happens when the connection fails midway.
+    /// The same happens when the connection fails midway or gives no answer
+    /// in time.
     async fn get_lock(
         &self,
         conn: &mut Conn,
         lock: &str,
         deadline: Option<Instant>,
-    ) -> Result<GetLock, mysql_async::Error> {
+        keepalive: Duration,
+    ) -> Result<GetLock, Fail> {
         let mut abandon = Abandon {
             shared: Some(self.shared.clone()),
             id: conn.id(),
         };
         let r = async {
             loop {
-                let wait = match deadline {
-                    None => FOREVER_CHUNK,
-                    Some(d) => d.saturating_duration_since(Instant::now()),
-                };
-                let row: Option<(Option<i64>,)> = conn
-                    .exec_first("SELECT GET_LOCK(?, ?)", (lock, wait.as_secs_f64()))
-                    .await?;
-                match row.and_then(|(v,)| v) {
+                let (wait, last) = chunk(deadline, Instant::now(), FOREVER_CHUNK);
+                match get_lock_once(conn, lock, wait, answer_bound(wait, keepalive)).await? {
                     Some(1) => return Ok(GetLock::Acquired),
-                    Some(_) if deadline.is_none() => continue,
+                    Some(_) if !last => continue,
                     Some(_) => return Ok(GetLock::TimedOut),
                     None => return Ok(GetLock::Null),
                 }
             }
         }
         .await;
-        if matches!(r, Ok(_) | Err(mysql_async::Error::Server(_))) {
+        if matches!(r, Ok(_) | Err(Fail::Driver(mysql_async::Error::Server(_)))) {
             // The statement ended in the server: nothing is left running.
             abandon.shared = None;
         }
@@ -389,5 +483,189 @@ impl Drop for Abandon {
             let runtime = shared.runtime.clone();
             drop(runtime.spawn(async move { shared.connector.kill(id).await }));
         }
+    }
+}
+
+/// How a nested acquisition's task ended, sent to the acquisition.
+enum NestedEnd {
+    Done(Result<Option<MyHeld>>),
+    /// The enclosing session is gone: the in-process hold comes back, and
+    /// the acquisition goes on with a connection of its own.
+    Gone(Hold<String>),
+}
+
+/// A nested acquisition: `GET_LOCK` on the enclosing scoped call's session.
+struct Nested {
+    shared: Arc<Shared>,
+    claim: Claim,
+    lock: String,
+    name: LockName,
+    deadline: Option<Instant>,
+    keepalive: Duration,
+}
+
+impl Nested {
+    /// Waits in chunks of [`NESTED_CHUNK`], taking the session's connection
+    /// for each and giving it back after each (the session mutex is fair:
+    /// a queued release or ping runs in between), and sends the outcome on
+    /// `tx`.
+    ///
+    /// If the acquisition stops listening (it was dropped) while a
+    /// `GET_LOCK` runs, the statement is ended with `KILL QUERY` from
+    /// another connection — never `KILL CONNECTION`: the session holds the
+    /// enclosing lock — its answer read, and a lock it took after all
+    /// released, before the connection goes back to its owner. An outcome
+    /// sent just as the acquisition is dropped is dropped with the channel:
+    /// a [`MyHeld`] then releases itself.
+    async fn run(self, hold: Hold<String>, mut tx: oneshot::Sender<NestedEnd>) {
+        let Nested {
+            shared,
+            claim,
+            lock,
+            name,
+            deadline,
+            keepalive,
+        } = self;
+        let id = claim.lock_conn().id();
+        loop {
+            let Some(mut borrowed) = claim.borrow().await else {
+                let _ = tx.send(NestedEnd::Gone(hold));
+                return;
+            };
+            if tx.is_closed() {
+                borrowed.give_back(false);
+                return;
+            }
+            let (wait, last) = chunk(deadline, Instant::now(), NESTED_CHUNK);
+            let bound = answer_bound(wait, keepalive);
+            let (r, mut abandoned) = {
+                let once = get_lock_once(borrowed.conn(), &lock, wait, bound);
+                tokio::pin!(once);
+                tokio::select! {
+                    r = &mut once => (r, false),
+                    () = tx.closed() => {
+                        // Ends the wait now: GET_LOCK returns NULL, or 1 if
+                        // it took the lock first. If the kill fails, the
+                        // chunk ends by itself within a second.
+                        shared.connector.kill_query(id).await;
+                        (once.await, true)
+                    }
+                }
+            };
+            abandoned |= tx.is_closed();
+            let send = |tx: oneshot::Sender<NestedEnd>, r| drop(tx.send(NestedEnd::Done(r)));
+            match r {
+                Ok(Some(1)) if abandoned => {
+                    // Taken after all: release it before the session goes
+                    // back to its owner.
+                    let sql = "SELECT RELEASE_LOCK(?)";
+                    let q = borrowed
+                        .conn()
+                        .exec_first::<(Option<i64>,), _, _>(sql, (lock.as_str(),));
+                    match tokio::time::timeout(answer_bound(Duration::ZERO, keepalive), q).await {
+                        Ok(Ok(Some((Some(1),)))) => borrowed.give_back(false),
+                        _ => {
+                            // Unknown state: end the session (its locks
+                            // are reported lost) rather than leave this
+                            // lock held by nobody.
+                            drop(borrowed);
+                            spawn_kill(&shared, id);
+                        }
+                    }
+                    drop(hold);
+                    return;
+                }
+                Ok(Some(1)) => {
+                    borrowed.give_back(true);
+                    let held = MyHeld::new(shared.clone(), claim.lock_conn().clone(), lock, name, hold);
+                    send(tx, Ok(Some(held)));
+                    return;
+                }
+                Ok(Some(_)) => {
+                    borrowed.give_back(false);
+                    if abandoned {
+                        return;
+                    }
+                    if last {
+                        send(tx, Ok(None));
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    borrowed.give_back(false);
+                    if !abandoned {
+                        send(tx, Err(null_err(&lock)));
+                    }
+                    return;
+                }
+                Err(Fail::Driver(e @ mysql_async::Error::Server(_))) => {
+                    // The session keeps the locks it held (a deadlock
+                    // victim too).
+                    borrowed.give_back(false);
+                    send(tx, Err(db_err(e, &name)));
+                    return;
+                }
+                Err(e) => {
+                    // The connection failed or went silent: dropping
+                    // `borrowed` closes it and reports its locks lost.
+                    let silent = matches!(e, Fail::NoAnswer(_));
+                    drop(borrowed);
+                    if silent {
+                        spawn_kill(&shared, id);
+                    }
+                    send(tx, Err(fail_err(e, &name)));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Kills session `id` from another connection, in the background.
+pub(crate) fn spawn_kill(shared: &Arc<Shared>, id: u32) {
+    let shared2 = shared.clone();
+    drop(
+        shared
+            .runtime
+            .spawn(async move { shared2.connector.kill(id).await }),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_bound_adds_the_keepalive_margin() {
+        let s = Duration::from_secs;
+        assert_eq!(answer_bound(s(10), s(1)), s(14));
+        assert_eq!(
+            answer_bound(Duration::ZERO, Duration::from_millis(250)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(answer_bound(Duration::MAX, s(1)), Duration::MAX);
+        assert_eq!(answer_bound(s(1), Duration::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn chunks_are_capped_and_the_last_reaches_the_deadline() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(chunk(None, now, FOREVER_CHUNK), (FOREVER_CHUNK, false));
+        // A huge finite timeout: capped, not the last.
+        let far = now.checked_add(s(1 << 40)).unwrap();
+        assert_eq!(chunk(Some(far), now, FOREVER_CHUNK), (FOREVER_CHUNK, false));
+        assert_eq!(chunk(Some(now + s(5)), now, NESTED_CHUNK), (NESTED_CHUNK, false));
+        assert_eq!(chunk(Some(now + s(1)), now, NESTED_CHUNK), (s(1), true));
+        assert_eq!(chunk(Some(now + s(30)), now, FOREVER_CHUNK), (s(30), true));
+        // Past the deadline: a try-once.
+        assert_eq!(
+            chunk(Some(now), now + s(1), FOREVER_CHUNK),
+            (Duration::ZERO, true)
+        );
+        // Every GET_LOCK of a wait is answered within its bound: the client
+        // never waits past the wait's own bound plus the margin.
+        let (wait, _) = chunk(Some(now + s(30)), now, FOREVER_CHUNK);
+        assert!(answer_bound(wait, s(1)) <= s(30) + s(4));
     }
 }
