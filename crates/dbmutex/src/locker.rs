@@ -207,6 +207,8 @@ pub struct LockerBuilder {
 enum Target {
     Url(String),
     Local(Option<PathBuf>),
+    #[cfg(feature = "postgres")]
+    PgConfig(Box<tokio_postgres::Config>),
 }
 
 impl std::fmt::Debug for Target {
@@ -214,6 +216,8 @@ impl std::fmt::Debug for Target {
         match self {
             Target::Url(u) => write!(f, "Url({})", redact_url(u)),
             Target::Local(p) => write!(f, "Local({p:?})"),
+            #[cfg(feature = "postgres")]
+            Target::PgConfig(_) => f.write_str("PgConfig(..)"),
         }
     }
 }
@@ -336,6 +340,10 @@ impl LockerBuilder {
             Target::Local(dir) => {
                 Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)
             }
+            #[cfg(feature = "postgres")]
+            Target::PgConfig(config) => Backend::Postgres(Box::new(
+                crate::postgres::PgBackend::from_config((**config).clone(), &self.settings).await?,
+            )),
             Target::Url(url) => match url
                 .split_once("://")
                 .map(|(s, _)| s.to_ascii_lowercase())
@@ -387,6 +395,15 @@ impl Locker {
     /// A builder for `url` (see [`Locker::connect`] for the schemes).
     pub fn builder(url: &str) -> LockerBuilder {
         LockerBuilder::new(Target::Url(url.to_owned()))
+    }
+
+    /// A builder for PostgreSQL from a tokio-postgres `Config` (for callers
+    /// that already build one). TLS follows its `ssl_mode`: `disable`, or
+    /// encryption without certificate verification (libpq's `prefer` and
+    /// `require`); use a URL with `sslmode=verify-full` to verify.
+    #[cfg(feature = "postgres")]
+    pub fn pg_config_builder(config: tokio_postgres::Config) -> LockerBuilder {
+        LockerBuilder::new(Target::PgConfig(Box::new(config)))
     }
 
     /// A builder for the local backend: lock files under `dir`, or (`None`)
@@ -451,17 +468,27 @@ impl Locker {
         }
         let reservation = Reservation(&inner.count);
         let start = Instant::now();
-        let held: Option<Box<dyn Held>> =
-            dispatch!(&inner.backend, b => b.acquire(&name, opts, &inner.settings).await)?;
+        // Events inside the backend (contention, waits) carry the name.
+        let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
+        let held: Option<Box<dyn Held>> = tracing::Instrument::instrument(
+            async { dispatch!(&inner.backend, b => b.acquire(&name, opts, &inner.settings).await) },
+            span,
+        )
+        .await?;
         let waited = start.elapsed();
+        let waited_us = waited.as_micros() as u64;
         match held {
             Some(h) => {
                 std::mem::forget(reservation);
-                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us = waited.as_micros() as u64, "dbmutex: acquired");
+                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, "dbmutex: acquired");
                 Ok(Some(LockGuard::new(h, name, opts.mode, inner.count.clone())))
             }
+            None if opts.is_try_once() => {
+                tracing::debug!(name = %name, "dbmutex: busy (tried once)");
+                Ok(None)
+            }
             None => {
-                tracing::debug!(name = %name, waited_us = waited.as_micros() as u64, "dbmutex: not acquired (contended or timed out)");
+                tracing::debug!(name = %name, waited_us, "dbmutex: timed out");
                 Ok(None)
             }
         }

@@ -154,7 +154,6 @@ impl LockOptions {
     }
 
     /// True when the options ask for a single attempt.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn is_try_once(&self) -> bool {
         self.timeout == Some(Duration::ZERO)
     }

@@ -41,6 +41,7 @@ where
     Fut: Future<Output = Result<Option<T>>>,
 {
     let mut backoff = FIRST_BACKOFF.min(max_backoff);
+    let mut first = true;
     loop {
         let notified = wake.map(|w| Box::pin(w.notified()));
         let mut notified = notified;
@@ -49,6 +50,10 @@ where
         }
         if let Some(v) = attempt().await? {
             return Ok(Some(v));
+        }
+        if first {
+            tracing::debug!("dbmutex: contended; waiting");
+            first = false;
         }
         let now = Instant::now();
         let mut until = now + jittered(backoff);

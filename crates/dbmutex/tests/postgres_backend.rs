@@ -698,3 +698,15 @@ async fn in_process_handoff_keeps_the_server_lock() {
     }
     assert_eq!(l.held_count(), 0);
 }
+
+/// A locker from a tokio-postgres `Config` works like one from a URL.
+#[tokio::test]
+async fn locker_from_a_tokio_postgres_config() {
+    let config: tokio_postgres::Config = pg_url().parse().unwrap();
+    let l = Backend::Postgres.connect(Locker::pg_config_builder(config)).await;
+    let other = Backend::Postgres.locker().await;
+    let name = unique("cfg");
+    let g = l.lock(name.as_str()).await.unwrap();
+    assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
+    g.release().await.unwrap();
+}

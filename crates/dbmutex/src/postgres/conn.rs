@@ -80,6 +80,16 @@ impl Connector {
         Ok(Self::with_config(config, tls, settings))
     }
 
+    /// From a tokio-postgres `Config`: TLS as its `ssl_mode` says
+    /// (`prefer`/`require` encrypt without verifying, as libpq does).
+    pub(crate) fn from_config(config: Config, settings: &Settings) -> Result<Self> {
+        let tls = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => Tls::Off,
+            _ => make_tls(false, None)?,
+        };
+        Ok(Self::with_config(config, tls, settings))
+    }
+
     fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(settings.connect_timeout);

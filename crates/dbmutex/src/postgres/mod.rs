@@ -162,9 +162,17 @@ fn spare(spares: &Spares, conn: Arc<PgConn>) {
 
 impl PgBackend {
     pub(crate) async fn connect(url: &str, settings: &Settings) -> Result<Self> {
+        Self::with_connector(Connector::from_url(url, settings)?, settings).await
+    }
+
+    pub(crate) async fn from_config(config: tokio_postgres::Config, settings: &Settings) -> Result<Self> {
+        Self::with_connector(Connector::from_config(config, settings)?, settings).await
+    }
+
+    async fn with_connector(connector: Connector, settings: &Settings) -> Result<Self> {
         let arbiter: Arc<Arbiter<PgKey>> = Arc::default();
         let mut backend = PgBackend {
-            connector: Connector::from_url(url, settings)?,
+            connector,
             session: LazyConn::default(),
             probe: LazyConn::default(),
             arbiter: arbiter.clone(),
