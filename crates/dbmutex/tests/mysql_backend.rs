@@ -809,3 +809,105 @@ async fn nested_release_is_not_blocked_by_a_nested_wait() {
     .unwrap();
     b.release().await.unwrap();
 }
+
+/// A TCP proxy to the test server that can go silent, as a network
+/// partition does: nothing is forwarded any more, yet no socket closes.
+async fn freezable_proxy() -> (String, Arc<AtomicBool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frozen = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let target = {
+        let url = mysql_url();
+        let host = url
+            .split('@')
+            .nth(1)
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        if host.contains(':') {
+            host
+        } else {
+            format!("{host}:3306")
+        }
+    };
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<AtomicBool>,
+    ) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            while frozen.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Read before the freeze, held back after it.
+            while frozen.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    tokio::spawn({
+        let frozen = frozen.clone();
+        async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, frozen.clone()));
+                tokio::spawn(pipe(sr, cw, frozen.clone()));
+            }
+        }
+    });
+    let url = mysql_url();
+    let (scheme_user, rest) = url.split_once('@').unwrap();
+    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    (format!("{scheme_user}@127.0.0.1:{port}/{path}"), frozen)
+}
+
+/// In a silent partition, a bounded wait ends with an error within its
+/// bound plus the keepalive margin, instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_partition_does_not_outlast_the_bound() {
+    let (url, frozen) = freezable_proxy().await;
+    let cut_off = connect(
+        Locker::builder(&url)
+            .keepalive(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await;
+    let other = locker().await;
+    let name = unique("partition");
+    let g = other.lock(name.as_str()).await.unwrap();
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let t = Instant::now();
+            let r = cut_off
+                .acquire(name.as_str(), &LockOptions::new().timeout(Duration::from_secs(1)))
+                .await;
+            (r.map(|g| g.is_some()), t.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    frozen.store(true, Ordering::Relaxed);
+    // 1 s bound + 2 × 200 ms + 2 s margin = 3.4 s.
+    let (r, took) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the acquisition hung in the partition")
+        .unwrap();
+    assert!(matches!(r, Err(Error::Connect(_))), "{r:?}");
+    assert!(took < Duration::from_millis(3400 + 700), "took {took:?}");
+    g.release().await.unwrap();
+}
