@@ -122,6 +122,13 @@ impl LazyConn {
         Ok(conn)
     }
 
+    /// Adopts `conn` if it is alive.
+    fn set(&self, conn: Arc<PgConn>) {
+        if !conn.is_lost() {
+            *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        }
+    }
+
     fn live(&self) -> Option<Arc<PgConn>> {
         let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         c.as_ref().filter(|c| !c.is_lost()).cloned()
@@ -180,9 +187,15 @@ impl PgBackend {
             shared_sessions: false,
             spares: Spares::default(),
         };
-        // Connect now, so a bad URL, server or password fails here.
-        let session = backend.session(settings).await?;
-        backend.shared_sessions = pooler::shares_sessions(&backend.connector, &session, settings).await?;
+        // Connect now, so a bad URL, server or password fails here. The
+        // second connection serves the pooler check, then introspection.
+        let (session, other) = tokio::join!(
+            backend.session(settings),
+            backend.connector.connect(settings, None)
+        );
+        let (session, other) = (session?, other?);
+        backend.shared_sessions = pooler::shares_sessions(&session, &other).await?;
+        backend.probe.set(other);
         Ok(backend)
     }
 

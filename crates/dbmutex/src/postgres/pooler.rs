@@ -28,8 +28,7 @@
 
 use std::time::Duration;
 
-use super::{first_text, Connector, PgConn};
-use crate::locker::Settings;
+use super::{first_text, PgConn};
 use crate::{Error, Result};
 
 /// The message of the [`Error::Unsupported`] a session lock gets behind a
@@ -53,13 +52,11 @@ async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
 
 /// True when `session`'s statements are not bound to one server session
 /// (see the module docs).
-pub(crate) async fn shares_sessions(
-    connector: &Connector,
-    session: &PgConn,
-    settings: &Settings,
-) -> Result<bool> {
+///
+/// `other` is a second connection of ours; it is left clean (no transaction)
+/// for reuse.
+pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<bool> {
     let p1 = backend_pid(session, "SELECT pg_backend_pid()").await?;
-    let other = connector.connect(settings, None).await?;
     let verdict = async {
         let q = backend_pid(&other, "BEGIN; SELECT pg_backend_pid()").await?;
         if q == p1 {
@@ -79,9 +76,11 @@ pub(crate) async fn shares_sessions(
         Ok(p2 != p1)
     }
     .await;
-    // End the pinning transaction cleanly, so the pooler keeps its server session.
-    let _ = other.client.batch_execute("ROLLBACK").await;
-    other.close();
+    // End the pinning transaction cleanly, so the pooler keeps its server
+    // session; a connection whose rollback failed is not kept.
+    if other.client.batch_execute("ROLLBACK").await.is_err() {
+        other.close();
+    }
     let verdict = verdict?;
     if verdict {
         tracing::warn!("dbmutex: {SESSION_LOCKS_UNSAFE}");
