@@ -60,10 +60,10 @@ pub enum Error {
     #[error("the server's lock table is full (SQLSTATE 53200): raise max_locks_per_transaction or hold fewer locks")]
     LockTableFull(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Connecting failed: server unreachable, refused, TLS, or authentication.
-    #[error("cannot connect to the database: {0}")]
+    #[error("cannot connect to the database: {}", chain(.0.as_ref()))]
     Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Any other database error; [`Error::sqlstate`] gives its code.
-    #[error("database error: {0}")]
+    #[error("database error: {}", chain(.0.as_ref()))]
     Database(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A local-backend I/O error (lock directory, lock file).
     #[error("lock file error: {0}")]
@@ -100,6 +100,22 @@ impl Error {
     pub fn is_connection(&self) -> bool {
         matches!(self, Error::Connect(_) | Error::LockLost { .. })
     }
+}
+
+/// An error and its sources in one line ("db error: FATAL: terminating
+/// connection ..."): drivers put the server's words in the source.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = c.source();
+    }
+    out
 }
 
 /// `Result` with [`Error`].

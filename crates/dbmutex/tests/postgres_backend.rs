@@ -366,6 +366,7 @@ async fn connection_errors_are_typed_and_hide_passwords() {
         .unwrap_err();
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
     assert_eq!(err.sqlstate().as_deref(), Some("28000"), "{err}");
+    assert!(err.to_string().contains("does not exist"), "the server's words are shown: {err}");
     for text in [err.to_string(), format!("{err:?}")] {
         assert!(!text.contains("hunter2"), "{text}");
     }

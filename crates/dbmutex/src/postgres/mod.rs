@@ -64,6 +64,13 @@ fn db_err(e: tokio_postgres::Error, name: &LockName) -> Error {
     }
 }
 
+/// The server ended the session (terminated, shutting down): its locks are gone.
+fn is_session_end(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::ADMIN_SHUTDOWN || *c == SqlState::CRASH_SHUTDOWN || *c == SqlState::CANNOT_CONNECT_NOW
+    })
+}
+
 fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
 }
@@ -496,7 +503,7 @@ pub(super) async fn unlock_on(
         Ok(false) => Err(Error::LockLost {
             name: name.to_string(),
         }),
-        Err(e) if e.is_closed() || conn.is_lost() => Err(Error::LockLost {
+        Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => Err(Error::LockLost {
             name: name.to_string(),
         }),
         Err(e) => {
