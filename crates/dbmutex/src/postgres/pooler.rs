@@ -58,7 +58,7 @@ async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
 pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<bool> {
     let p1 = backend_pid(session, "SELECT pg_backend_pid()").await?;
     let verdict = async {
-        let q = backend_pid(&other, "BEGIN; SELECT pg_backend_pid()").await?;
+        let q = backend_pid(other, "BEGIN; SELECT pg_backend_pid()").await?;
         if q == p1 {
             return Ok::<_, Error>(true);
         }
