@@ -810,69 +810,17 @@ async fn nested_release_is_not_blocked_by_a_nested_wait() {
     b.release().await.unwrap();
 }
 
-/// A TCP proxy to the test server that can go silent, as a network
-/// partition does: nothing is forwarded any more, yet no socket closes.
+/// The test server's URL, reached through a proxy that can go silent.
 async fn freezable_proxy() -> (String, Arc<AtomicBool>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let frozen = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let target = {
-        let url = mysql_url();
-        let host = url
-            .split('@')
-            .nth(1)
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .to_owned();
-        if host.contains(':') {
-            host
-        } else {
-            format!("{host}:3306")
-        }
-    };
-    async fn pipe(
-        mut from: tokio::net::tcp::OwnedReadHalf,
-        mut to: tokio::net::tcp::OwnedWriteHalf,
-        frozen: Arc<AtomicBool>,
-    ) {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            while frozen.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let n = match from.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            // Read before the freeze, held back after it.
-            while frozen.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if to.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    }
-    tokio::spawn({
-        let frozen = frozen.clone();
-        async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-                    continue;
-                };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pipe(cr, sw, frozen.clone()));
-                tokio::spawn(pipe(sr, cw, frozen.clone()));
-            }
-        }
-    });
     let url = mysql_url();
     let (scheme_user, rest) = url.split_once('@').unwrap();
-    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let target = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:3306")
+    };
+    let (port, frozen) = common::freezable_proxy(target).await;
     (format!("{scheme_user}@127.0.0.1:{port}/{path}"), frozen)
 }
 

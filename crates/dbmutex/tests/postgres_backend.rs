@@ -366,7 +366,10 @@ async fn connection_errors_are_typed_and_hide_passwords() {
         .unwrap_err();
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
     assert_eq!(err.sqlstate().as_deref(), Some("28000"), "{err}");
-    assert!(err.to_string().contains("does not exist"), "the server's words are shown: {err}");
+    assert!(
+        err.to_string().contains("does not exist"),
+        "the server's words are shown: {err}"
+    );
     for text in [err.to_string(), format!("{err:?}")] {
         assert!(!text.contains("hunter2"), "{text}");
     }
@@ -710,4 +713,47 @@ async fn locker_from_a_tokio_postgres_config() {
     let g = l.lock(name.as_str()).await.unwrap();
     assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
     g.release().await.unwrap();
+}
+
+/// A silent failure of the lock session (a partition: nothing answers, yet
+/// no socket closes) is reported to every guard on it within about twice
+/// the keepalive, and new requests go to a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_partition_is_reported_within_the_keepalive_bound() {
+    let url = pg_url();
+    let (scheme_user, rest) = url.split_once('@').unwrap();
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let target = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    let (port, frozen) = common::freezable_proxy(target).await;
+    let path = if path.contains('?') {
+        format!("{path}&sslmode=disable")
+    } else {
+        format!("{path}?sslmode=disable")
+    };
+    let keepalive = Duration::from_millis(500);
+    let l = Backend::Postgres
+        .connect(Locker::builder(&format!("{scheme_user}@127.0.0.1:{port}/{path}")).keepalive(keepalive))
+        .await;
+    let guards = vec![
+        l.lock(unique("part1").as_str()).await.unwrap(),
+        l.lock(unique("part2").as_str()).await.unwrap(),
+    ];
+    let t = Instant::now();
+    frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    for g in &guards {
+        tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .expect("a silent partition must be noticed");
+        assert!(!g.is_held());
+    }
+    let took = t.elapsed();
+    // Quiet for `keepalive`, then no answer within max(keepalive, 500 ms).
+    assert!(
+        took < keepalive * 2 + Duration::from_millis(700),
+        "noticed after {took:?}"
+    );
 }

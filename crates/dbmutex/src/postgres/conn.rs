@@ -241,6 +241,12 @@ pub(crate) struct PgConn {
     task: tokio::task::AbortHandle,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
+    /// The last lock name sent in a comment, so the keepalive query can
+    /// carry it too (pg_stat_activity keeps showing it).
+    last_comment: std::sync::Mutex<String>,
+    /// When the session last heard from the server (ms since `born`).
+    last_answer_ms: std::sync::atomic::AtomicU64,
+    born: std::time::Instant,
     /// Prepared lock statements (used when name comments are off).
     statements: std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
 }
@@ -286,6 +292,9 @@ impl PgConn {
             task: task.abort_handle(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
+            last_comment: Default::default(),
+            last_answer_ms: std::sync::atomic::AtomicU64::new(0),
+            born: std::time::Instant::now(),
         })
     }
 
@@ -303,6 +312,7 @@ impl PgConn {
         let rows = match name {
             Some(name) => {
                 let (sql, params) = sql::bound(call, false, mode, key, name);
+                *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = crate::key::sql_comment(name);
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
             None => {
@@ -329,10 +339,62 @@ impl PgConn {
                 self.client.query(&stmt, &values).await?
             }
         };
+        self.heard_from_server();
         Ok(rows
             .first()
             .and_then(|r| r.try_get::<_, bool>(0).ok())
             .unwrap_or(false))
+    }
+
+    fn heard_from_server(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        self.last_answer_ms
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keeps checking that the server answers, for a connection that only
+    /// ever runs statements that answer at once (the lock session): when it
+    /// has been quiet for `every`, it sends `SELECT 1` (carrying the last
+    /// lock name's comment, so `pg_stat_activity` still shows it); no answer
+    /// within `every` (at least 500 ms) closes it and reports it lost. So a
+    /// silent failure — a partition, a hung server — is noticed within about
+    /// twice `every`, where TCP keepalive alone may take much longer (a
+    /// middlebox or proxy that still acknowledges TCP hides it).
+    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        let answer_within = every.max(Duration::from_millis(500));
+        drop(self.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(conn) = weak.upgrade() else { return };
+                if conn.is_lost() {
+                    return;
+                }
+                let quiet_ms = (conn.born.elapsed().as_millis() as u64)
+                    .saturating_sub(conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed));
+                if quiet_ms < every.as_millis() as u64 {
+                    continue;
+                }
+                let comment = conn
+                    .last_comment
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let query = if comment.is_empty() {
+                    "SELECT 1".to_owned()
+                } else {
+                    format!("SELECT 1 /* {comment} */")
+                };
+                match tokio::time::timeout(answer_within, conn.client.simple_query(&query)).await {
+                    Ok(Ok(_)) => conn.heard_from_server(),
+                    _ => {
+                        tracing::warn!("dbmutex: the lock session did not answer its keepalive; closing it");
+                        conn.close();
+                        return;
+                    }
+                }
+            }
+        }));
     }
 
     /// Prepares every session lock statement this connection may run

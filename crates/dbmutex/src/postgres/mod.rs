@@ -124,6 +124,9 @@ impl LazyConn {
                     .await
                     .map_err(|e| Error::Connect(Box::new(e)))?;
             }
+            // The lock session runs only statements that answer at once, so
+            // a quiet spell can be probed without being mistaken for a wait.
+            conn.start_heartbeat(settings.keepalive);
         }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)

@@ -220,6 +220,56 @@ impl<F: Future> Future for CancelAfter<F> {
     }
 }
 
+/// A TCP proxy on 127.0.0.1 to `target` (`host:port`) that can go silent,
+/// as a network partition does: once `frozen` is set nothing is forwarded
+/// any more, yet no socket closes. Returns its port.
+pub async fn freezable_proxy(target: String) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let frozen = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<AtomicBool>,
+    ) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            while frozen.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Read before the freeze, held back after it.
+            while frozen.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+    tokio::spawn({
+        let frozen = frozen.clone();
+        async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, frozen.clone()));
+                tokio::spawn(pipe(sr, cw, frozen.clone()));
+            }
+        }
+    });
+    (port, frozen)
+}
+
 /// Stamps out one `#[tokio::test]` per backend for each listed test
 /// function `async fn name(b: Backend)`.
 #[macro_export]
