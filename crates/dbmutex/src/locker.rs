@@ -297,10 +297,12 @@ impl LockerBuilder {
     /// How soon a silently dead connection is noticed (default 1 s). A
     /// connection the server or the kernel closes (server restart,
     /// `pg_terminate_backend`, `KILL`, killed process) is reported lost at
-    /// once. A silent failure (network partition) is noticed by TCP
-    /// keepalive on PostgreSQL — idle and interval `max(keepalive, 1 s)`, so
-    /// about 2 s at the default — and by a ping every `keepalive` on MySQL
-    /// (within `keepalive + max(2 × keepalive, 2 s)`).
+    /// once. A silent failure (partition, hung server) is noticed on
+    /// PostgreSQL's lock session by a `SELECT 1` sent after `keepalive` of
+    /// quiet and answered within `max(keepalive, 500 ms)` — so within about
+    /// twice `keepalive` — and on its dedicated connections by TCP keepalive
+    /// (`max(keepalive, 1 s)` idle and interval); on MySQL by a ping every
+    /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
         self
