@@ -30,8 +30,11 @@ pub(crate) struct Slot {
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
     /// Server locks a releaser left on its session for the next in-process
     /// holder (PostgreSQL), one entry per lock: the session's id.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) parked: Mutex<Vec<u64>>,
+    /// Since when (ms on the process clock, 0: not) in-process hand-offs
+    /// have kept the server lock on the session without a break.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) parked_since_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Counts a task as waiting while it lives.
@@ -89,7 +92,7 @@ impl<K: Hash + Eq + Clone> Default for Arbiter<K> {
 
 /// A reference to a key's slot that removes the table entry, when it is the
 /// last user, on drop (also when a waiting future is cancelled).
-struct SlotRef<K: Hash + Eq + Clone> {
+pub(crate) struct SlotRef<K: Hash + Eq + Clone> {
     arbiter: Arc<Arbiter<K>>,
     key: K,
     slot: Arc<Slot>,
@@ -101,10 +104,28 @@ impl<K: Hash + Eq + Clone> Drop for SlotRef<K> {
         // Two references: the table's and ours.
         if Arc::strong_count(&self.slot) == 2 {
             let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.exclusive && st.shared == 0 {
+            let parked = self.slot.parked.lock().unwrap_or_else(|e| e.into_inner()).len();
+            if !st.exclusive && st.shared == 0 && parked == 0 {
                 drop(st);
                 slots.remove(&self.key);
             }
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> SlotRef<K> {
+    /// The slot.
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl<K: Hash + Eq + Clone> Clone for SlotRef<K> {
+    fn clone(&self) -> Self {
+        SlotRef {
+            arbiter: self.arbiter.clone(),
+            key: self.key.clone(),
+            slot: self.slot.clone(),
         }
     }
 }
@@ -124,9 +145,13 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
 
     /// The slot for `key` if some task uses it now.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn existing_slot(&self, key: &K) -> Option<Arc<Slot>> {
+    pub(crate) fn existing_slot(self: &Arc<Self>, key: &K) -> Option<SlotRef<K>> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.get(key).cloned()
+        slots.get(key).map(|slot| SlotRef {
+            arbiter: self.clone(),
+            key: key.clone(),
+            slot: slot.clone(),
+        })
     }
 
     /// Takes the in-process hold, waiting until `deadline` (`None`: forever).
@@ -191,6 +216,12 @@ impl<K: Hash + Eq + Clone> Hold<K> {
     /// The key's slot (its wake-ups).
     pub(crate) fn slot(&self) -> &Arc<Slot> {
         &self.slot.slot
+    }
+
+    /// A reference to the slot that outlives the hold (and cleans up after).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn slot_ref(&self) -> SlotRef<K> {
+        self.slot.clone()
     }
 }
 

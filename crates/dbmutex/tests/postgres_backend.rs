@@ -757,3 +757,44 @@ async fn silent_partition_is_reported_within_the_keepalive_bound() {
         "noticed after {took:?}"
     );
 }
+
+/// In-process hand-offs do not starve waiters of other sessions that do not
+/// announce themselves (a server-side wait, the gem): after at most the
+/// parking budget the lock is really unlocked, and the server hands it to
+/// whoever queues for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_handoff_does_not_starve_other_sessions() {
+    let churn = Backend::Postgres.locker().await;
+    let name = unique("starve");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (l, n, stop) = (churn.clone(), name.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = l.lock(n.as_str()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let other = Backend::Postgres.locker().await;
+    for opts in [
+        server_wait(Some(Duration::from_secs(3))),
+        server_wait(Some(Duration::from_secs(3))).transaction(true),
+    ] {
+        let t = Instant::now();
+        let got = other.acquire(name.as_str(), &opts).await.unwrap();
+        assert!(
+            got.is_some(),
+            "{opts:?}: starved for {:?} by in-process hand-offs",
+            t.elapsed()
+        );
+        got.unwrap().release().await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

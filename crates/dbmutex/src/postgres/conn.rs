@@ -385,12 +385,25 @@ impl PgConn {
                 } else {
                     format!("SELECT 1 /* {comment} */")
                 };
-                match tokio::time::timeout(answer_within, conn.client.simple_query(&query)).await {
-                    Ok(Ok(_)) => conn.heard_from_server(),
-                    _ => {
-                        tracing::warn!("dbmutex: the lock session did not answer its keepalive; closing it");
-                        conn.close();
-                        return;
+                let probe = conn.client.simple_query(&query);
+                tokio::pin!(probe);
+                loop {
+                    let asked_ms = conn.born.elapsed().as_millis() as u64;
+                    match tokio::time::timeout(answer_within, &mut probe).await {
+                        Ok(Ok(_)) => {
+                            conn.heard_from_server();
+                            break;
+                        }
+                        // Other answers came meanwhile: the server is alive,
+                        // just busy (our probe waits its turn behind them).
+                        Err(_) if conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed) > asked_ms => {}
+                        _ => {
+                            tracing::warn!(
+                                "dbmutex: the lock session did not answer its keepalive; closing it (its locks are lost)"
+                            );
+                            conn.close();
+                            return;
+                        }
                     }
                 }
             }

@@ -8,13 +8,19 @@
 //! [`REAP_AFTER`] (the waiter was cancelled or timed out) is unlocked then.
 //! Session locks are counted, so a parked lock is exactly one count that is
 //! either taken over or unlocked, never both. Not done when another process
-//! has announced it waits (so processes take turns), nor for shared locks.
+//! has announced it waits, nor for shared locks, nor for longer than
+//! [`PARK_BUDGET`] in a row: then a real unlock lets the server hand the lock
+//! to whoever queues for it (a server-side wait, the gem's next poll).
 //!
 //! **Between processes.**
 //! Every lock session listens on one channel. A waiter whose try fails
-//! announces `w <key>` ("I want it"); a process holding that key marks it
-//! wanted, and when it releases, it sends `r <key>` after the unlock, which
-//! wakes the waiter's poll loop at once. Nothing is notified for keys nobody
+//! announces `w <sender> <key>` ("I want it"); a locker holding that key
+//! marks it wanted, and when it releases, it sends `r <sender> <key>` after
+//! the unlock has been answered, which wakes the waiter's poll loop at once.
+//! A locker ignores its own messages. They go out on the locker's second
+//! connection (the one introspection uses), never on the lock session: a
+//! `NOTIFY` commits and can wait on the disk, which must not hold up the
+//! lock session's statements (nor its heartbeat). Nothing is notified for keys nobody
 //! waits for, so uncontended locks pay nothing (a NOTIFY on every unlock
 //! would cost about as much as the unlock itself). Holders that do not speak
 //! this protocol (the gem, psql) are still noticed by the waiter's backoff
@@ -28,7 +34,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
 use super::{unlock_on, NotifyHandler, PgConn};
-use crate::arbiter::{Arbiter, Hold};
+use crate::arbiter::{Arbiter, Hold, Slot};
 use crate::key::PgKey;
 use crate::{LockName, Mode};
 
@@ -39,64 +45,100 @@ pub(crate) const CHANNEL: &str = "dbmutex_handoff";
 /// after the last one has not heard it).
 const REANNOUNCE: Duration = Duration::from_millis(250);
 
-fn payload(kind: char, key: &PgKey) -> String {
-    format!("{kind} {key}")
+/// How long a parked lock waits for an in-process taker.
+pub(crate) const REAP_AFTER: Duration = Duration::from_millis(2);
+
+/// The longest run of in-process hand-offs before a real unlock.
+pub(crate) const PARK_BUDGET: Duration = Duration::from_millis(20);
+
+fn payload(kind: char, sender: u64, key: &PgKey) -> String {
+    format!("{kind} {sender} {key}")
 }
 
-fn parse(payload: &str) -> Option<(char, PgKey)> {
+fn parse(payload: &str) -> Option<(char, u64, PgKey)> {
     let mut parts = payload.split(' ');
     let kind = parts.next()?.chars().next()?;
+    let sender: u64 = parts.next()?.parse().ok()?;
     let a: i64 = parts.next()?.parse().ok()?;
     let key = match parts.next() {
         Some(b) => PgKey::Pair(i32::try_from(a).ok()?, b.parse().ok()?),
         None => PgKey::Big(a),
     };
-    parts.next().is_none().then_some((kind, key))
+    parts.next().is_none().then_some((kind, sender, key))
 }
 
-/// The lock session's handler for the channel.
-pub(crate) fn handler(arbiter: Arc<Arbiter<PgKey>>) -> NotifyHandler {
+/// The lock session's handler for the channel; `me` is the locker's id.
+pub(crate) fn handler(arbiter: Arc<Arbiter<PgKey>>, me: u64) -> NotifyHandler {
     Arc::new(move |channel: &str, msg: &str| {
         if channel != CHANNEL {
             return;
         }
-        let Some((kind, key)) = parse(msg) else { return };
-        // Only keys this process uses now have a slot; others are ignored.
+        let Some((kind, sender, key)) = parse(msg) else {
+            return;
+        };
+        if sender == me {
+            return;
+        }
+        // Only keys this locker uses now have a slot; others are ignored.
         if let Some(slot) = arbiter.existing_slot(&key) {
             match kind {
-                'w' => slot.wanted.store(true, Ordering::Relaxed),
-                'r' => slot.remote.notify_waiters(),
+                'w' => slot.slot().wanted.store(true, Ordering::Relaxed),
+                'r' => slot.slot().remote.notify_waiters(),
                 _ => {}
             }
         }
     })
 }
 
-fn send(conn: &Arc<PgConn>, text: String) {
-    let c = conn.clone();
-    // Fire and forget: a lost notification only means a later poll.
-    drop(conn.runtime.spawn(async move {
-        let _ = c
-            .client
-            .query_typed(
-                "SELECT pg_notify($1, $2)",
-                &[(&CHANNEL, Type::TEXT), (&text, Type::TEXT)],
-            )
-            .await;
-    }));
+/// Where a locker's hand-off messages go out, and who sends them.
+#[derive(Clone)]
+pub(crate) struct Channel {
+    pub(crate) sender: u64,
+    pub(crate) conn: Arc<PgConn>,
+}
+
+impl Channel {
+    fn send(&self, kind: char, key: &PgKey) {
+        let c = self.conn.clone();
+        let text = payload(kind, self.sender, key);
+        // Fire and forget: a lost notification only means a later poll.
+        drop(self.conn.runtime.spawn(async move {
+            let _ = c
+                .client
+                .query_typed(
+                    "SELECT pg_notify($1, $2)",
+                    &[(&CHANNEL, Type::TEXT), (&text, Type::TEXT)],
+                )
+                .await;
+        }));
+    }
+
+    /// After an unlock that was answered: wake the waiters that announced
+    /// themselves, if `wanted` (see [`take_wanted`]).
+    pub(crate) fn released(&self, key: &PgKey, wanted: bool) {
+        if wanted {
+            self.send('r', key);
+        }
+    }
+}
+
+/// Whether another locker announced it waits for the held key; clears the
+/// mark (a waiter that still waits announces again).
+pub(crate) fn take_wanted(hold: Option<&Hold<PgKey>>) -> bool {
+    hold.is_some_and(|h| h.slot().wanted.swap(false, Ordering::Relaxed))
 }
 
 /// A waiter's announcements for one wait.
 pub(crate) struct Want<'a> {
-    conn: &'a Arc<PgConn>,
+    channel: &'a Channel,
     key: PgKey,
     last: Mutex<Option<Instant>>,
 }
 
 impl<'a> Want<'a> {
-    pub(crate) fn new(conn: &'a Arc<PgConn>, key: PgKey) -> Self {
+    pub(crate) fn new(channel: &'a Channel, key: PgKey) -> Self {
         Want {
-            conn,
+            channel,
             key,
             last: Mutex::new(None),
         }
@@ -109,28 +151,20 @@ impl<'a> Want<'a> {
             return;
         }
         *last = Some(Instant::now());
-        send(self.conn, payload('w', &self.key));
+        self.channel.send('w', &self.key);
     }
 }
 
-/// Whether another process announced it waits for the held key.
-pub(crate) fn wanted(hold: Option<&Hold<PgKey>>) -> bool {
-    hold.is_some_and(|h| h.slot().wanted.load(Ordering::Relaxed))
+/// Milliseconds on a process-wide monotonic clock, never 0.
+fn clock_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
 }
-
-/// After an unlock that someone wanted: tell waiting processes. The
-/// notification follows the unlock on the same connection, so the server has
-/// processed the unlock before anyone hears of it.
-pub(crate) fn notify_release(conn: &Arc<PgConn>, key: PgKey) {
-    send(conn, payload('r', &key));
-}
-
-/// How long a parked lock waits for an in-process taker.
-pub(crate) const REAP_AFTER: Duration = Duration::from_millis(2);
 
 /// Parks the exclusive lock `hold` guards on `conn` for an in-process
-/// waiter instead of unlocking it, if one waits and no other process does.
-/// Returns the hold back when it did not park.
+/// waiter instead of unlocking it — if one waits, no other locker announced
+/// it waits, and the key has not been handed over in-process for longer
+/// than [`PARK_BUDGET`]. Returns the hold back when it did not park.
 pub(crate) fn park(
     conn: &Arc<PgConn>,
     key: PgKey,
@@ -138,28 +172,43 @@ pub(crate) fn park(
     comment: bool,
     hold: Hold<PgKey>,
 ) -> Option<Hold<PgKey>> {
-    let slot = hold.slot().clone();
-    if slot.waiting.load(Ordering::SeqCst) == 0 || slot.wanted.load(Ordering::Relaxed) || conn.is_lost() {
+    let slot = hold.slot();
+    let now = clock_ms();
+    let since = slot.parked_since_ms.load(Ordering::Relaxed);
+    let over_budget = since != 0 && now.saturating_sub(since) > PARK_BUDGET.as_millis() as u64;
+    if slot.waiting.load(Ordering::SeqCst) == 0
+        || slot.wanted.load(Ordering::Relaxed)
+        || conn.is_lost()
+        || over_budget
+    {
+        slot.parked_since_ms.store(0, Ordering::Relaxed);
         return Some(hold);
+    }
+    if since == 0 {
+        slot.parked_since_ms.store(now, Ordering::Relaxed);
     }
     slot.parked
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push(conn.id);
+    // The reaper's reference keeps the slot (and its parked lock) in the
+    // table until it has looked, and cleans the entry up after.
+    let slot_ref = hold.slot_ref();
     // Wakes the waiters; the first to take the hold takes the parked lock.
     drop(hold);
     let (c, name) = (conn.clone(), name.clone());
     drop(conn.runtime.spawn(async move {
         tokio::time::sleep(REAP_AFTER).await;
-        if take_parked(&slot, c.id) {
+        if take_parked(slot_ref.slot(), c.id) {
             let _ = unlock_on(&c, key, Mode::Exclusive, &name, comment).await;
         }
+        drop(slot_ref);
     }));
     None
 }
 
 /// Takes a lock parked on session `conn_id`, if there is one.
-pub(crate) fn take_parked(slot: &crate::arbiter::Slot, conn_id: u64) -> bool {
+pub(crate) fn take_parked(slot: &Slot, conn_id: u64) -> bool {
     let mut parked = slot.parked.lock().unwrap_or_else(|e| e.into_inner());
     match parked.iter().position(|&id| id == conn_id) {
         Some(i) => {
@@ -182,9 +231,9 @@ mod tests {
             PgKey::Big(i64::MIN),
             PgKey::Big(7),
         ] {
-            assert_eq!(parse(&payload('w', &key)), Some(('w', key)));
+            assert_eq!(parse(&payload('w', 42, &key)), Some(('w', 42, key)));
         }
-        for junk in ["", "w", "w x", "w 1 2 3", "w 99999999999 1"] {
+        for junk in ["", "w", "w 1", "w x 1", "w 1 x", "w 1 2 3 4", "w 1 99999999999 1"] {
             assert_eq!(parse(junk), None, "{junk:?}");
         }
     }

@@ -155,6 +155,8 @@ pub(crate) struct PgBackend {
     arbiter: Arc<Arbiter<PgKey>>,
     /// Handles the hand-off channel's messages on the lock session.
     on_notify: NotifyHandler,
+    /// This locker's id on the hand-off channel.
+    id: u64,
     /// A transaction pooler shares server sessions: session locks are refused.
     shared_sessions: bool,
     /// Clean dedicated connections, kept for the next server-side wait.
@@ -188,12 +190,15 @@ impl PgBackend {
 
     async fn with_connector(connector: Connector, settings: &Settings) -> Result<Self> {
         let arbiter: Arc<Arbiter<PgKey>> = Arc::default();
+        // Tells this locker's hand-off messages from others'.
+        let id = fastrand::u64(1..);
         let mut backend = PgBackend {
             connector,
             session: LazyConn::default(),
             probe: LazyConn::default(),
             arbiter: arbiter.clone(),
-            on_notify: handoff::handler(arbiter),
+            on_notify: handoff::handler(arbiter, id),
+            id,
             shared_sessions: false,
             spares: Spares::default(),
         };
@@ -213,6 +218,15 @@ impl PgBackend {
         self.session
             .get(&self.connector, settings, Some(&self.on_notify))
             .await
+    }
+
+    /// Hand-off messages go out on the second connection when it is up
+    /// (never holding up the lock session), else on the lock session.
+    fn channel(&self, session: &Arc<PgConn>) -> handoff::Channel {
+        handoff::Channel {
+            sender: self.id,
+            conn: self.probe.live().unwrap_or_else(|| session.clone()),
+        }
     }
 
     pub(crate) fn kind(&self) -> BackendKind {
@@ -242,6 +256,7 @@ impl PgBackend {
         if opts.mode == Mode::Exclusive && handoff::take_parked(hold.slot(), conn.id) {
             // A task of ours left the server lock on the session for us.
             return Ok(Some(Box::new(SessionHeld {
+                channel: self.channel(&conn),
                 conn,
                 key,
                 mode: opts.mode,
@@ -251,7 +266,8 @@ impl PgBackend {
             })));
         }
         let remote = hold.slot().clone();
-        let want = handoff::Want::new(&conn, key);
+        let channel = self.channel(&conn);
+        let want = handoff::Want::new(&channel, key);
         let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || async {
             let got = try_on_session(&conn, key, opts.mode, name, settings.name_comments).await?;
             if got.is_none() {
@@ -264,6 +280,7 @@ impl PgBackend {
         .await?;
         Ok(got.map(|()| {
             Box::new(SessionHeld {
+                channel,
                 conn,
                 key,
                 mode: opts.mode,
@@ -285,13 +302,17 @@ impl PgBackend {
             let mut s = self.spares.lock().unwrap_or_else(|e| e.into_inner());
             std::iter::from_fn(|| s.pop()).find(|c| !c.is_lost())
         };
+        let deadline = wait::deadline(opts.timeout);
         let (conn, got) = match spare_conn {
             Some(c) => match wait_dedicated(&c, name, key, opts).await {
-                // A spare may have died unnoticed while idle: once, on a new one.
+                // A spare may have died unnoticed while idle: once, on a new
+                // one, within what is left of the caller's bound.
                 Err(Error::Connect(_)) => {
                     c.close();
+                    let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+                    let opts = opts.clone().timeout_opt(left);
                     let c = self.connector.connect(settings, None).await?;
-                    let got = wait_dedicated(&c, name, key, opts).await;
+                    let got = wait_dedicated(&c, name, key, &opts).await;
                     (c, got)
                 }
                 got => (c, got),
@@ -440,7 +461,9 @@ async fn try_on_session(
     let (tx, rx) = oneshot::channel();
     let c = conn.clone();
     let name2 = name.clone();
-    tokio::spawn(async move {
+    // On the connection's runtime: if the caller's runtime shuts down
+    // meanwhile, the task (and the undo of an unreceived grant) still runs.
+    drop(conn.runtime.spawn(async move {
         let r = c
             .lock_call(Call::Try, mode, &key, comment.then_some(&name2))
             .await;
@@ -451,7 +474,7 @@ async fn try_on_session(
         });
         // If the receiver is gone, `r` drops here, and a `Taken` in it undoes.
         let _ = tx.send(r);
-    });
+    }));
     match rx.await {
         Ok(r) => Ok(r?.map(Taken::keep)),
         Err(_) => Err(Error::Database(
@@ -608,6 +631,8 @@ impl Drop for Abandon {
 /// A session lock held on the shared lock session.
 struct SessionHeld {
     conn: Arc<PgConn>,
+    /// Where hand-off notifications go out.
+    channel: handoff::Channel,
     key: PgKey,
     mode: Mode,
     name: LockName,
@@ -637,14 +662,14 @@ impl Held for SessionHeld {
             // in-process waiter may go: whatever it sends reaches the server
             // after our unlock, so the hand-off costs it one round trip.
             let first = std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
-            let wanted = handoff::wanted(hold.as_ref());
+            let wanted = handoff::take_wanted(hold.as_ref());
             drop(hold);
             let r = match first {
                 std::task::Poll::Ready(r) => r,
                 std::task::Poll::Pending => unlock.await,
             };
-            if wanted && r.is_ok() {
-                handoff::notify_release(&this.conn, this.key);
+            if r.is_ok() {
+                this.channel.released(&this.key, wanted);
             }
             r
         })
@@ -665,15 +690,16 @@ impl Drop for SessionHeld {
                 self.name.clone(),
                 self.comment,
             );
+            let channel = self.channel.clone();
             // No runtime here is fine: the handle spawns onto the
             // connection's own runtime. If that runtime is gone, so is the
             // connection, and the server has freed the lock.
             drop(self.conn.runtime.spawn(async move {
-                let wanted = handoff::wanted(Some(&hold));
+                let wanted = handoff::take_wanted(Some(&hold));
                 let r = unlock_on(&conn, key, mode, &name, comment).await;
                 drop(hold);
-                if wanted && r.is_ok() {
-                    handoff::notify_release(&conn, key);
+                if r.is_ok() {
+                    channel.released(&key, wanted);
                 }
             }));
         }
