@@ -715,9 +715,9 @@ async fn locker_from_a_tokio_postgres_config() {
     g.release().await.unwrap();
 }
 
-/// A silent failure of the lock session (a partition: nothing answers, yet
-/// no socket closes) is reported to every guard on it within about twice
-/// the keepalive, and new requests go to a new connection.
+/// A silent failure (a partition: nothing answers, yet no socket closes) is
+/// reported to every guard — on the lock session and on dedicated
+/// connections — within about twice the keepalive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_partition_is_reported_within_the_keepalive_bound() {
     let url = pg_url();
@@ -741,6 +741,15 @@ async fn silent_partition_is_reported_within_the_keepalive_bound() {
     let guards = vec![
         l.lock(unique("part1").as_str()).await.unwrap(),
         l.lock(unique("part2").as_str()).await.unwrap(),
+        // Dedicated connections: a server-side wait and a transaction lock.
+        l.acquire(unique("part3").as_str(), &server_wait(None))
+            .await
+            .unwrap()
+            .unwrap(),
+        l.acquire(unique("part4").as_str(), &LockOptions::new().transaction(true))
+            .await
+            .unwrap()
+            .unwrap(),
     ];
     let t = Instant::now();
     frozen.store(true, std::sync::atomic::Ordering::Relaxed);

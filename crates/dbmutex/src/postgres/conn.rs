@@ -352,18 +352,19 @@ impl PgConn {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Keeps checking that the server answers, for a connection that only
-    /// ever runs statements that answer at once (the lock session): when it
+    /// Keeps checking that the server answers, for a connection that runs
+    /// only statements that answer at once (the lock session; a dedicated
+    /// connection while it holds its lock): when it
     /// has been quiet for `every`, it sends `SELECT 1` (carrying the last
     /// lock name's comment, so `pg_stat_activity` still shows it); no answer
     /// within `every` (at least 500 ms) closes it and reports it lost. So a
     /// silent failure — a partition, a hung server — is noticed within about
     /// twice `every`, where TCP keepalive alone may take much longer (a
     /// middlebox or proxy that still acknowledges TCP hides it).
-    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration) {
+    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         let answer_within = every.max(Duration::from_millis(500));
-        drop(self.runtime.spawn(async move {
+        self.runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(conn) = weak.upgrade() else { return };
@@ -407,7 +408,8 @@ impl PgConn {
                     }
                 }
             }
-        }));
+        })
+        .abort_handle()
     }
 
     /// Prepares every session lock statement this connection may run

@@ -126,7 +126,7 @@ impl LazyConn {
             }
             // The lock session runs only statements that answer at once, so
             // a quiet spell can be probed without being mistaken for a wait.
-            conn.start_heartbeat(settings.keepalive);
+            drop(conn.start_heartbeat(settings.keepalive));
         }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
@@ -325,6 +325,7 @@ impl PgBackend {
         };
         match got {
             Ok(true) => Ok(Some(Box::new(DedicatedHeld {
+                heartbeat: conn.start_heartbeat(settings.keepalive),
                 conn: Some(conn),
                 key,
                 mode: opts.mode,
@@ -710,6 +711,9 @@ impl Drop for SessionHeld {
 struct DedicatedHeld {
     /// `None` once released.
     conn: Option<Arc<PgConn>>,
+    /// Checks the connection while the lock is held; stopped before the
+    /// connection can serve another (blocking) wait.
+    heartbeat: tokio::task::AbortHandle,
     key: PgKey,
     mode: Mode,
     name: LockName,
@@ -720,6 +724,9 @@ struct DedicatedHeld {
 impl Held for DedicatedHeld {
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let conn = self.conn.take().expect("held until released");
+        // Before the unlock: no keepalive probe may follow it, since the
+        // connection may next serve a wait that blocks.
+        self.heartbeat.abort();
         let (key, mode, name, xact) = (self.key, self.mode, self.name.clone(), self.xact);
         let spares = self.spares.clone();
         let task = conn.runtime.clone().spawn(async move {
@@ -757,6 +764,7 @@ impl Drop for DedicatedHeld {
     fn drop(&mut self) {
         // Closing the session frees its locks and ends its transaction, with
         // no round trip and no runtime needed.
+        self.heartbeat.abort();
         if let Some(conn) = self.conn.take() {
             conn.close();
         }
