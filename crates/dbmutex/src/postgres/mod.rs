@@ -253,42 +253,35 @@ impl PgBackend {
             return Ok(None);
         };
         let conn = self.session(settings).await?;
-        if opts.mode == Mode::Exclusive && handoff::take_parked(hold.slot(), conn.id) {
-            // A task of ours left the server lock on the session for us.
-            return Ok(Some(Box::new(SessionHeld {
-                channel: self.channel(&conn),
-                conn,
-                key,
-                mode: opts.mode,
-                name: name.clone(),
-                comment: settings.name_comments,
-                hold: Some(hold),
-            })));
-        }
-        let remote = hold.slot().clone();
         let channel = self.channel(&conn);
-        let want = handoff::Want::new(&channel, key);
-        let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || async {
-            let got = try_on_session(&conn, key, opts.mode, name, settings.name_comments).await?;
+        // A task of ours may have left the server lock on the session for us.
+        let parked = opts.mode == Mode::Exclusive && handoff::take_parked(hold.slot(), conn.id);
+        if !parked {
+            let remote = hold.slot().clone();
+            let want = handoff::Want::new(&channel, key);
+            let got = wait::poll_until(deadline, opts.max_backoff, Some(&remote.remote), || async {
+                let got = try_on_session(&conn, key, opts.mode, name, settings.name_comments).await?;
+                if got.is_none() {
+                    // Ask the holder's process (if it is a dbmutex) to tell us
+                    // when it lets go, instead of waiting for the next poll.
+                    want.announce();
+                }
+                Ok(got)
+            })
+            .await?;
             if got.is_none() {
-                // Ask the holder's process (if it is a dbmutex) to tell us
-                // when it lets go, instead of waiting for the next poll.
-                want.announce();
+                return Ok(None);
             }
-            Ok(got)
-        })
-        .await?;
-        Ok(got.map(|()| {
-            Box::new(SessionHeld {
-                channel,
-                conn,
-                key,
-                mode: opts.mode,
-                name: name.clone(),
-                comment: settings.name_comments,
-                hold: Some(hold),
-            }) as Box<dyn Held>
-        }))
+        }
+        Ok(Some(Box::new(SessionHeld {
+            channel,
+            conn,
+            key,
+            mode: opts.mode,
+            name: name.clone(),
+            comment: settings.name_comments,
+            hold: Some(hold),
+        })))
     }
 
     async fn acquire_dedicated(
