@@ -248,7 +248,9 @@ pub(crate) struct PgConn {
     last_answer_ms: std::sync::atomic::AtomicU64,
     born: std::time::Instant,
     /// Prepared lock statements (used when name comments are off).
-    statements: std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
+    /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
+    /// builds no SQL text to find one.
+    statements: std::sync::Mutex<std::collections::HashMap<(Call, Mode, bool), tokio_postgres::Statement>>,
 }
 
 impl PgConn {
@@ -311,30 +313,14 @@ impl PgConn {
     ) -> std::result::Result<bool, tokio_postgres::Error> {
         let rows = match name {
             Some(name) => {
-                let (sql, params) = sql::bound(call, false, mode, key, name);
-                *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = crate::key::sql_comment(name);
+                let comment = crate::key::sql_comment(name);
+                let (sql, params) = sql::bound_commented(call, false, mode, key, &comment);
+                *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = comment;
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
             None => {
-                let (sql, params) = sql::bound_plain(call, false, mode, key);
-                let cached = self
-                    .statements
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&sql)
-                    .cloned();
-                let stmt = match cached {
-                    Some(s) => s,
-                    None => {
-                        let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
-                        let s = self.client.prepare_typed(&sql, &types).await?;
-                        self.statements
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(sql, s.clone());
-                        s
-                    }
-                };
+                let stmt = self.prepared(call, mode, key).await?;
+                let params = sql::Params::of(key);
                 let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
                 self.client.query(&stmt, &values).await?
             }
@@ -419,17 +405,39 @@ impl PgConn {
         for call in [Call::Try, Call::Unlock] {
             for mode in [Mode::Exclusive, Mode::Shared] {
                 for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
-                    let (sql, params) = sql::bound_plain(call, false, mode, &key);
-                    let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
-                    let stmt = self.client.prepare_typed(&sql, &types).await?;
-                    self.statements
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(sql, stmt);
+                    self.prepared(call, mode, &key).await?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
+    /// first use and cached for the connection.
+    async fn prepared(
+        &self,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        let kind = (call, mode, matches!(key, PgKey::Big(_)));
+        let cached = self
+            .statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&kind)
+            .cloned();
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        let (sql, params) = sql::bound_plain(call, false, mode, key);
+        let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+        let s = self.client.prepare_typed(&sql, &types).await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind, s.clone());
+        Ok(s)
     }
 
     /// True once the connection is gone.

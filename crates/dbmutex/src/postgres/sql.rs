@@ -10,7 +10,7 @@ use crate::key::{self, PgKey};
 use crate::{LockName, Mode};
 
 /// Which advisory-lock function.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Call {
     /// `pg_try_advisory[_xact]_lock[_shared]`: returns a boolean at once.
     Try,
@@ -34,8 +34,18 @@ pub(crate) fn function(call: Call, xact: bool, mode: Mode) -> String {
 /// `SELECT fn($1[, $2]) /* name */` with its typed parameters, for
 /// `query_typed` (one round trip, no prepared statement).
 pub(crate) fn bound(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &LockName) -> (String, Params) {
+    bound_commented(call, xact, mode, key, &key::sql_comment(name))
+}
+
+/// As [`bound`], with the comment already escaped by [`key::sql_comment`].
+pub(crate) fn bound_commented(
+    call: Call,
+    xact: bool,
+    mode: Mode,
+    key: &PgKey,
+    comment: &str,
+) -> (String, Params) {
     let f = function(call, xact, mode);
-    let comment = key::sql_comment(name);
     match *key {
         PgKey::Pair(a, b) => (format!("SELECT {f}($1, $2) /* {comment} */"), Params::Pair(a, b)),
         PgKey::Big(k) => (format!("SELECT {f}($1) /* {comment} */"), Params::Big(k)),
@@ -83,6 +93,14 @@ pub(crate) enum Params {
 }
 
 impl Params {
+    /// The parameters that bind `key`.
+    pub(crate) fn of(key: &PgKey) -> Params {
+        match *key {
+            PgKey::Pair(a, b) => Params::Pair(a, b),
+            PgKey::Big(k) => Params::Big(k),
+        }
+    }
+
     /// As `query_typed` wants them.
     pub(crate) fn as_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
         match self {
