@@ -21,6 +21,9 @@ pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
 pub(crate) struct Connector {
     config: Config,
     tls: Tls,
+    /// Shared by every connection made here: set when one of them finds
+    /// its statements running on another server session.
+    pooler_seen: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -106,7 +109,11 @@ impl Connector {
             .keepalives_interval(ka)
             .keepalives_retries(1)
             .tcp_user_timeout(ka * 2);
-        Connector { config, tls }
+        Connector {
+            config,
+            tls,
+            pooler_seen: Arc::default(),
+        }
     }
 
     /// Opens a connection. `on_notify` receives `NOTIFY` messages.
@@ -123,24 +130,44 @@ impl Connector {
                         .connect(tokio_postgres::NoTls)
                         .await
                         .map_err(connect_err)?;
-                    Ok::<_, Error>(PgConn::start(client, conn, self.tls.clone(), on_notify))
+                    Ok::<_, Error>(PgConn::start(
+                        client,
+                        conn,
+                        self.tls.clone(),
+                        on_notify,
+                        self.pooler_seen.clone(),
+                    ))
                 }
                 #[cfg(feature = "tls")]
                 Tls::Rustls(t) => {
                     let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                    Ok::<_, Error>(PgConn::start(client, conn, self.tls.clone(), on_notify))
+                    Ok::<_, Error>(PgConn::start(
+                        client,
+                        conn,
+                        self.tls.clone(),
+                        on_notify,
+                        self.pooler_seen.clone(),
+                    ))
                 }
             }
         };
-        let conn = match tokio::time::timeout(settings.connect_timeout, fut).await {
-            Ok(r) => r?,
-            Err(_) => {
-                return Err(Error::Connect(
-                    format!("no answer from the server within {:?}", settings.connect_timeout).into(),
-                ))
-            }
+        let connect_and_claim = async {
+            let conn = fut.await?;
+            conn.claim().await?;
+            Ok::<_, Error>(conn)
         };
-        Ok(conn)
+        match tokio::time::timeout(settings.connect_timeout, connect_and_claim).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Connect(
+                format!("no answer from the server within {:?}", settings.connect_timeout).into(),
+            )),
+        }
+    }
+
+    /// True once any connection of this connector has seen its statements
+    /// run on a server session other than its own (a pooler shares them).
+    pub(crate) fn pooler_seen(&self) -> bool {
+        self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -251,6 +278,25 @@ pub(crate) struct PgConn {
     /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
     /// builds no SQL text to find one.
     statements: std::sync::Mutex<std::collections::HashMap<(Call, Mode, bool), tokio_postgres::Statement>>,
+    /// The server session this connection claimed when it connected; unset
+    /// when that session was already claimed by another client.
+    claim: std::sync::OnceLock<Claim>,
+    /// The connector's flag: a pooler moved one of its connections.
+    pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A server session marked as ours: a random token in the session-level
+/// setting `dbmutex.owner`, which only this connection's statements can
+/// have set on that session. Every lock statement and heartbeat checks it
+/// in the same statement, so a pooler that hands our next statement to
+/// another server session is caught before anything is locked there.
+pub(crate) struct Claim {
+    /// 32 hex digits.
+    pub(crate) token: String,
+    /// The claimed session's backend pid and start, to end it if we are
+    /// ever moved away from it while it holds our locks.
+    pid: i32,
+    started: String,
 }
 
 impl PgConn {
@@ -259,6 +305,7 @@ impl PgConn {
         mut conn: tokio_postgres::Connection<S, T>,
         tls: Tls,
         on_notify: Option<NotifyHandler>,
+        pooler_seen: Arc<std::sync::atomic::AtomicBool>,
     ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -297,39 +344,128 @@ impl PgConn {
             last_comment: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
             born: std::time::Instant::now(),
+            claim: std::sync::OnceLock::new(),
+            pooler_seen,
         })
     }
 
-    /// Runs one advisory-lock call and returns its boolean (`true` for the
-    /// void-returning waits). With `name`, the statement carries it in a
-    /// comment and runs unprepared (`query_typed`: one round trip); without,
-    /// it runs as a statement prepared once per connection.
+    /// Marks the server session as this connection's (see [`Claim`]), if no
+    /// other client did. A session that carries another client's token is
+    /// shared: we are behind a pooler (or one that keeps session state
+    /// between clients), and this connection stays unclaimed.
+    async fn claim(&self) -> Result<()> {
+        let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let rows = self
+            .client
+            .query_typed(
+                "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
+                 THEN set_config('dbmutex.owner', $1, false) \
+                 ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
+                 (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid())",
+                &[(&token, tokio_postgres::types::Type::TEXT)],
+            )
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
+        let owner: Option<String> = row.get(0);
+        if owner.as_deref() == Some(token.as_str()) {
+            let _ = self.claim.set(Claim {
+                token,
+                pid: row.get(1),
+                started: row.get::<_, Option<String>>(2).unwrap_or_default(),
+            });
+        } else {
+            self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.heard_from_server();
+        Ok(())
+    }
+
+    /// This connection's claim token, `""` when it has none.
+    pub(crate) fn owner(&self) -> &str {
+        self.claim.get().map_or("", |c| c.token.as_str())
+    }
+
+    /// Whether this connection owns its server session (session locks are
+    /// safe on it).
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.claim.get().is_some()
+    }
+
+    /// A guarded statement found itself on a server session that is not
+    /// ours: a pooler moved us. Our own session may still hold our locks,
+    /// out of reach of every later statement, so it is ended (the only way
+    /// to free them from outside), and this connection is closed: every
+    /// guard on it reports the loss.
+    pub(crate) fn moved(self: &Arc<Self>) {
+        self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "dbmutex: a statement ran on another server session than the one this connection \
+             claimed: a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction) is in \
+             between. Ending our server session so its locks are freed; they are lost"
+        );
+        let me = self.clone();
+        drop(self.runtime.spawn(async move {
+            if let Some(c) = me.claim.get() {
+                let ended = me
+                    .client
+                    .query_typed(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE pid = $1 AND backend_start::text = $2",
+                        &[
+                            (&c.pid, tokio_postgres::types::Type::INT4),
+                            (&c.started, tokio_postgres::types::Type::TEXT),
+                        ],
+                    )
+                    .await;
+                if let Err(e) = ended {
+                    tracing::warn!(error = %e, pid = c.pid, "dbmutex: could not end the server session that holds our locks");
+                }
+            }
+            me.close();
+        }));
+        // Reported lost now, whatever the termination takes.
+        self.lost.send_replace(true);
+    }
+
+    /// Runs one session-lock call and returns its boolean (`true` for the
+    /// void-returning waits), or `None` when the statement ran on a server
+    /// session that is not ours (see [`Claim`]; the connection is then
+    /// [`moved`](Self::moved) and lost). With `name`, the statement carries
+    /// it in a comment and runs unprepared (`query_typed`: one round trip);
+    /// without, it runs as a statement prepared once per connection.
     pub(crate) async fn lock_call(
-        &self,
+        self: &Arc<Self>,
         call: Call,
         mode: Mode,
         key: &PgKey,
         name: Option<&LockName>,
-    ) -> std::result::Result<bool, tokio_postgres::Error> {
+    ) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
+        let owner = self.owner();
         let rows = match name {
             Some(name) => {
                 let comment = crate::key::sql_comment(name);
-                let (sql, params) = sql::bound_commented(call, false, mode, key, &comment);
+                let (sql, params) = sql::bound_commented(call, false, mode, key, &comment, owner);
                 *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = comment;
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
             None => {
                 let stmt = self.prepared(call, mode, key).await?;
-                let params = sql::Params::of(key);
+                let params = sql::Params::of(key, owner);
                 let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
                 self.client.query(&stmt, &values).await?
             }
         };
         self.heard_from_server();
-        Ok(rows
-            .first()
-            .and_then(|r| r.try_get::<_, bool>(0).ok())
-            .unwrap_or(false))
+        match rows.first() {
+            Some(r) => Ok(Some(r.try_get::<_, bool>(0).unwrap_or(true))),
+            None => {
+                self.moved();
+                Ok(None)
+            }
+        }
     }
 
     fn heard_from_server(&self) {
@@ -347,7 +483,11 @@ impl PgConn {
     /// silent failure — a partition, a hung server — is noticed within about
     /// twice `every`, where TCP keepalive alone may take much longer (a
     /// middlebox or proxy that still acknowledges TCP hides it).
-    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
+    ///
+    /// Each probe of a session-lock connection also checks that it still
+    /// runs on its claimed server session (see [`Claim`]); with `xact` (a
+    /// connection whose open transaction pins its session) it need not.
+    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         let answer_within = every.max(Duration::from_millis(500));
         self.runtime.spawn(async move {
@@ -367,18 +507,29 @@ impl PgConn {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
-                let query = if comment.is_empty() {
-                    "SELECT 1".to_owned()
-                } else {
-                    format!("SELECT 1 /* {comment} */")
+                // Still on our own server session? (A connection without a
+                // claim holds only transaction locks, pinned by their
+                // transaction.) The token is hex: nothing to escape.
+                let query = match (conn.claim.get().filter(|_| !xact), comment.is_empty()) {
+                    (Some(c), true) => format!("SELECT current_setting('dbmutex.owner', true) = '{}'", c.token),
+                    (Some(c), false) => format!(
+                        "SELECT current_setting('dbmutex.owner', true) = '{}' /* {comment} */",
+                        c.token
+                    ),
+                    (None, true) => "SELECT 't'".to_owned(),
+                    (None, false) => format!("SELECT 't' /* {comment} */"),
                 };
                 let probe = conn.client.simple_query(&query);
                 tokio::pin!(probe);
                 loop {
                     let asked_ms = conn.born.elapsed().as_millis() as u64;
                     match tokio::time::timeout(answer_within, &mut probe).await {
-                        Ok(Ok(_)) => {
+                        Ok(Ok(msgs)) => {
                             conn.heard_from_server();
+                            if super::first_text(&msgs).as_deref() != Some("t") {
+                                conn.moved();
+                                return;
+                            }
                             break;
                         }
                         // Other answers came meanwhile: the server is alive,
@@ -430,7 +581,7 @@ impl PgConn {
         if let Some(s) = cached {
             return Ok(s);
         }
-        let (sql, params) = sql::bound_plain(call, false, mode, key);
+        let (sql, params) = sql::bound_plain(call, false, mode, key, "");
         let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
         let s = self.client.prepare_typed(&sql, &types).await?;
         self.statements

@@ -90,6 +90,27 @@ fn first_text(msgs: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
     })
 }
 
+/// Makes `conn` the lock session: it listens on the hand-off channel (never
+/// through a detected pooler: the caller checks first), prepares its
+/// statements when they carry no name, and probes a quiet spell (it runs
+/// only statements that answer at once, so a probe is never mistaken for a
+/// wait).
+async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
+    if listen {
+        conn.client
+            .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+    }
+    if !settings.name_comments {
+        conn.warm_statements()
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+    }
+    drop(conn.start_heartbeat(settings.keepalive, false));
+    Ok(())
+}
+
 /// A connection made on first use and replaced when lost.
 #[derive(Default)]
 struct LazyConn {
@@ -115,18 +136,10 @@ impl LazyConn {
         }
         let conn = connector.connect(settings, listen.cloned()).await?;
         if listen.is_some() {
-            conn.client
-                .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
-                .await
-                .map_err(|e| Error::Connect(Box::new(e)))?;
-            if !settings.name_comments {
-                conn.warm_statements()
-                    .await
-                    .map_err(|e| Error::Connect(Box::new(e)))?;
+            if !conn.is_claimed() {
+                return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
             }
-            // The lock session runs only statements that answer at once, so
-            // a quiet spell can be probed without being mistaken for a wait.
-            drop(conn.start_heartbeat(settings.keepalive));
+            prepare_session(&conn, settings, true).await?;
         }
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
@@ -204,12 +217,24 @@ impl PgBackend {
         };
         // Connect now, so a bad URL, server or password fails here. The
         // second connection serves the pooler check, then introspection.
+        // The lock session listens only once no pooler was seen.
         let (session, other) = tokio::join!(
-            backend.session(settings),
+            backend
+                .connector
+                .connect(settings, Some(backend.on_notify.clone())),
             backend.connector.connect(settings, None)
         );
         let (session, other) = (session?, other?);
-        backend.shared_sessions = pooler::shares_sessions(&session, &other).await?;
+        backend.shared_sessions = !session.is_claimed()
+            || backend.connector.pooler_seen()
+            || pooler::shares_sessions(&session, &other).await?;
+        if backend.shared_sessions {
+            tracing::warn!("dbmutex: {}", pooler::SESSION_LOCKS_UNSAFE);
+            session.close();
+        } else {
+            prepare_session(&session, settings, true).await?;
+            backend.session.set(session);
+        }
         backend.probe.set(other);
         Ok(backend)
     }
@@ -239,7 +264,7 @@ impl PgBackend {
         opts: &LockOptions,
         settings: &Settings,
     ) -> Result<Option<Box<dyn Held>>> {
-        if self.shared_sessions && !opts.transaction {
+        if (self.shared_sessions || self.connector.pooler_seen()) && !opts.transaction {
             return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
         }
         let key = pg_key(name, &settings.prefix);
@@ -318,7 +343,7 @@ impl PgBackend {
         };
         match got {
             Ok(true) => Ok(Some(Box::new(DedicatedHeld {
-                heartbeat: conn.start_heartbeat(settings.keepalive),
+                heartbeat: conn.start_heartbeat(settings.keepalive, opts.transaction),
                 conn: Some(conn),
                 key,
                 mode: opts.mode,
@@ -461,11 +486,13 @@ async fn try_on_session(
         let r = c
             .lock_call(Call::Try, mode, &key, comment.then_some(&name2))
             .await;
-        let r = r.map_err(|e| db_err(e, &name2)).map(|got| {
-            got.then(|| Taken {
+        let r = match r {
+            Err(e) => Err(db_err(e, &name2)),
+            Ok(None) => Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into())),
+            Ok(Some(got)) => Ok(got.then(|| Taken {
                 undo: Some((c.clone(), key, mode, name2.clone(), comment)),
-            })
-        });
+            })),
+        };
         // If the receiver is gone, `r` drops here, and a `Taken` in it undoes.
         let _ = tx.send(r);
     }));
@@ -504,7 +531,7 @@ impl Drop for Taken {
 /// `pg_advisory_unlock*` on `conn`: `Err(LockLost)` when the server says we
 /// did not hold it or the connection is gone.
 pub(super) async fn unlock_on(
-    conn: &PgConn,
+    conn: &Arc<PgConn>,
     key: PgKey,
     mode: Mode,
     name: &LockName,
@@ -519,8 +546,10 @@ pub(super) async fn unlock_on(
         .lock_call(Call::Unlock, mode, &key, comment.then_some(name))
         .await
     {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(Error::LockLost {
+        Ok(Some(true)) => Ok(()),
+        // Not held, or (`None`) the statement ran on another server session:
+        // ours has been ended, and its locks with it.
+        Ok(Some(false) | None) => Err(Error::LockLost {
             name: name.to_string(),
         }),
         Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => Err(Error::LockLost {
@@ -549,23 +578,37 @@ async fn wait_dedicated(conn: &Arc<PgConn>, name: &LockName, key: PgKey, opts: &
     got
 }
 
+/// How many rows a simple-query batch returned.
+fn row_count(msgs: &[tokio_postgres::SimpleQueryMessage]) -> usize {
+    msgs.iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count()
+}
+
 /// A session lock on a dedicated connection, waiting in the server.
 async fn wait_session_dedicated(
-    conn: &PgConn,
+    conn: &Arc<PgConn>,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
 ) -> Result<bool> {
+    if !conn.is_claimed() {
+        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+    }
     if opts.is_try_once() {
-        let (sql, params) = sql::bound(Call::Try, false, opts.mode, &key, name);
+        let (sql, params) = sql::bound(Call::Try, false, opts.mode, &key, name, conn.owner());
         let rows = conn
             .client
             .query_typed(&sql, &params.as_typed())
             .await
             .map_err(|e| db_err(e, name))?;
+        if rows.is_empty() {
+            conn.moved();
+            return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+        }
         return first_bool(&rows);
     }
-    let lock = sql::inline(Call::Wait, false, opts.mode, &key, name);
+    let lock = sql::inline(Call::Wait, false, opts.mode, &key, name, conn.owner());
     // A multi-statement simple query runs as one implicit transaction, so
     // the transaction-local settings end with it: one round trip, and the
     // session's own settings are never touched. Both are set even for an
@@ -576,36 +619,81 @@ async fn wait_session_dedicated(
         sql::wait_ms(opts.timeout)
     );
     match conn.client.simple_query(&batch).await {
-        Ok(_) => Ok(true),
-        Err(e) if is_lock_timeout(&e) => Ok(false),
+        // One row from the settings, one from the lock.
+        Ok(msgs) if row_count(&msgs) == 2 => Ok(true),
+        Ok(_) => {
+            conn.moved();
+            Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+        }
+        // The server may grant the lock just as the timeout fires, and a
+        // session lock outlives the aborted statement: ask whether we hold
+        // it (then it is ours, a little late), so a spare never keeps one.
+        Err(e) if is_lock_timeout(&e) => holds(conn, &key, opts.mode).await.map_err(|e| db_err(e, name)),
         Err(e) => Err(db_err(e, name)),
     }
 }
+
+/// Whether this connection's own server session holds `key` in `mode`.
+async fn holds(conn: &PgConn, key: &PgKey, mode: Mode) -> std::result::Result<bool, tokio_postgres::Error> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let lock_mode = if mode == Mode::Shared {
+        "ShareLock"
+    } else {
+        "ExclusiveLock"
+    };
+    let rows = conn
+        .client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4)",
+            &[
+                (&classid, Type::OID),
+                (&objid, Type::OID),
+                (&objsubid, Type::INT2),
+                (&lock_mode, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+}
+
+/// The message when a transaction landed on a server session that another
+/// client of ours claimed (behind a pooler): its session locks would be
+/// re-entrant for our transaction lock there.
+const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another dbmutex \
+     client holds session locks on (a pooler shares server sessions, and some client took session \
+     locks through it): a transaction lock there would not exclude that client. Use transaction \
+     locks only (LockOptions::transaction(true)) for every client behind this pooler";
 
 /// A transaction-level lock inside a transaction opened on a dedicated connection.
 async fn wait_xact_dedicated(conn: &PgConn, name: &LockName, key: PgKey, opts: &LockOptions) -> Result<bool> {
     let c = &conn.client;
     if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
         c.batch_execute("BEGIN").await.map_err(|e| db_err(e, name))?;
-        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, name);
+        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, name, conn.owner());
         let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
             let rows = c
                 .query_typed(&sql, &params.as_typed())
                 .await
                 .map_err(|e| db_err(e, name))?;
+            if rows.is_empty() {
+                return Err(Error::Unsupported(SESSION_OF_ANOTHER.into()));
+            }
             Ok(first_bool(&rows)?.then_some(()))
         })
         .await?;
         return Ok(got.is_some());
     }
-    let lock = sql::inline(Call::Wait, true, opts.mode, &key, name);
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, name, conn.owner());
     let batch = format!(
         "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0; {lock}; \
          SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT",
         sql::wait_ms(opts.timeout)
     );
+    // A timeout aborts the transaction, and its locks with it: no race.
     match c.simple_query(&batch).await {
-        Ok(_) => Ok(true),
+        Ok(msgs) if row_count(&msgs) == 1 => Ok(true),
+        Ok(_) => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
         Err(e) if is_lock_timeout(&e) => Ok(false),
         Err(e) => Err(db_err(e, name)),
     }
@@ -802,18 +890,21 @@ pub async fn lock_xact(
     name.validate()?;
     let key = pg_key(&name, prefix);
     if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
-        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, &name);
+        let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, &name, "");
         let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
             let rows = tx
                 .query_typed(&sql, &params.as_typed())
                 .await
                 .map_err(|e| db_err(e, &name))?;
+            if rows.is_empty() {
+                return Err(Error::Unsupported(SESSION_OF_ANOTHER.into()));
+            }
             Ok(first_bool(&rows)?.then_some(()))
         })
         .await?;
         return Ok(got.is_some());
     }
-    let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name);
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name, "");
     // lock_timeout is set even for an unbounded wait (to 0): a default from
     // the role or database must not cut the wait short.
     let batch = format!(
@@ -832,7 +923,13 @@ pub async fn lock_xact(
             )
             .await
             .map_err(|e| db_err(e, &name))?;
-            Ok(true)
+            // Rows: the old setting, the new one, the lock (unless its guard
+            // found another client's session).
+            if row_count(&msgs) == 3 {
+                Ok(true)
+            } else {
+                Err(Error::Unsupported(SESSION_OF_ANOTHER.into()))
+            }
         }
         Err(e) => {
             // Back to the savepoint: the transaction, its settings and its

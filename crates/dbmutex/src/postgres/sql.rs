@@ -31,44 +31,94 @@ pub(crate) fn function(call: Call, xact: bool, mode: Mode) -> String {
     }
 }
 
-/// `SELECT fn($1[, $2]) /* name */` with its typed parameters, for
-/// `query_typed` (one round trip, no prepared statement).
-pub(crate) fn bound(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &LockName) -> (String, Params) {
-    bound_commented(call, xact, mode, key, &key::sql_comment(name))
+/// The condition every lock statement carries, so that nothing is locked
+/// where it would not exclude (see `PgConn::claim`; `owner` is SQL: a
+/// parameter such as `$3`, or a quoted literal).
+///
+/// - A session lock runs only on the server session this connection
+///   claimed when it connected. Behind a pooler that moved the connection
+///   to another server session, the statement returns no row and locks
+///   nothing.
+/// - A transaction lock (its open transaction pins one server session) runs
+///   on a session no other client claimed, or, on one that another client
+///   claimed, only if that session holds no session lock on the key: such a
+///   lock would be re-entrant for our transaction there. Only the rare
+///   second case reads `pg_locks`.
+fn guard(xact: bool, key: &PgKey, owner: &str) -> String {
+    if xact {
+        let (classid, objid, objsubid) = key.pg_locks_ids();
+        format!(
+            "(coalesce(current_setting('dbmutex.owner', true), '') IN ('', {owner}) \
+             OR NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND pid = pg_backend_pid() AND classid = '{classid}'::oid AND objid = '{objid}'::oid AND objsubid = {objsubid}))"
+        )
+    } else {
+        format!("current_setting('dbmutex.owner', true) = {owner}")
+    }
+}
+
+/// `SELECT fn($1[, $2]) WHERE <guard> /* name */` with its typed parameters,
+/// for `query_typed` (one round trip, no prepared statement). `owner` is the
+/// connection's claim token (`""` for an unclaimed one).
+pub(crate) fn bound<'a>(
+    call: Call,
+    xact: bool,
+    mode: Mode,
+    key: &PgKey,
+    name: &LockName,
+    owner: &'a str,
+) -> (String, Params<'a>) {
+    bound_commented(call, xact, mode, key, &key::sql_comment(name), owner)
 }
 
 /// As [`bound`], with the comment already escaped by [`key::sql_comment`].
-pub(crate) fn bound_commented(
+pub(crate) fn bound_commented<'a>(
     call: Call,
     xact: bool,
     mode: Mode,
     key: &PgKey,
     comment: &str,
-) -> (String, Params) {
-    let f = function(call, xact, mode);
-    match *key {
-        PgKey::Pair(a, b) => (format!("SELECT {f}($1, $2) /* {comment} */"), Params::Pair(a, b)),
-        PgKey::Big(k) => (format!("SELECT {f}($1) /* {comment} */"), Params::Big(k)),
-    }
+    owner: &'a str,
+) -> (String, Params<'a>) {
+    let (sql, params) = bound_plain(call, xact, mode, key, owner);
+    (format!("{sql} /* {comment} */"), params)
 }
 
-/// `SELECT fn($1[, $2])` with no comment: the same text for every name, so
-/// it can be prepared once per connection.
-pub(crate) fn bound_plain(call: Call, xact: bool, mode: Mode, key: &PgKey) -> (String, Params) {
+/// `SELECT fn($1[, $2]) WHERE <guard>` with no comment: the same text for
+/// every name, so it can be prepared once per connection.
+pub(crate) fn bound_plain<'a>(
+    call: Call,
+    xact: bool,
+    mode: Mode,
+    key: &PgKey,
+    owner: &'a str,
+) -> (String, Params<'a>) {
     let f = function(call, xact, mode);
-    match *key {
-        PgKey::Pair(a, b) => (format!("SELECT {f}($1, $2)"), Params::Pair(a, b)),
-        PgKey::Big(k) => (format!("SELECT {f}($1)"), Params::Big(k)),
-    }
+    let params = Params::of(key, owner);
+    let sql = match *key {
+        PgKey::Pair(..) => format!("SELECT {f}($1, $2) WHERE {}", guard(xact, key, "$3")),
+        PgKey::Big(_) => format!("SELECT {f}($1) WHERE {}", guard(xact, key, "$2")),
+    };
+    (sql, params)
 }
 
-/// `SELECT fn(k1, k2) /* name */` with the integers inlined, for simple-query
-/// batches.
-pub(crate) fn inline(call: Call, xact: bool, mode: Mode, key: &PgKey, name: &LockName) -> String {
+/// `SELECT fn(k1, k2) WHERE <guard> /* name */` with the integers and the
+/// claim token inlined, for simple-query batches. The token is hex digits
+/// (or empty): nothing to escape.
+pub(crate) fn inline(
+    call: Call,
+    xact: bool,
+    mode: Mode,
+    key: &PgKey,
+    name: &LockName,
+    owner: &str,
+) -> String {
+    debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
     format!(
-        "SELECT {}({}) /* {} */",
+        "SELECT {}({}) WHERE {} /* {} */",
         function(call, xact, mode),
         key.sql_args(),
+        guard(xact, key, &format!("'{owner}'")),
         key::sql_comment(name)
     )
 }
@@ -86,26 +136,30 @@ pub(crate) fn wait_ms(timeout: Option<std::time::Duration>) -> u128 {
     timeout.map_or(0, lock_timeout_ms)
 }
 
-/// Typed parameters of a bound statement.
-pub(crate) enum Params {
-    Pair(i32, i32),
-    Big(i64),
+/// Typed parameters of a bound statement: the key, then the claim token.
+pub(crate) enum Params<'a> {
+    Pair(i32, i32, &'a str),
+    Big(i64, &'a str),
 }
 
-impl Params {
-    /// The parameters that bind `key`.
-    pub(crate) fn of(key: &PgKey) -> Params {
+impl<'a> Params<'a> {
+    /// The parameters that bind `key` and the guard's `owner`.
+    pub(crate) fn of(key: &PgKey, owner: &'a str) -> Params<'a> {
         match *key {
-            PgKey::Pair(a, b) => Params::Pair(a, b),
-            PgKey::Big(k) => Params::Big(k),
+            PgKey::Pair(a, b) => Params::Pair(a, b, owner),
+            PgKey::Big(k) => Params::Big(k, owner),
         }
     }
 
     /// As `query_typed` wants them.
     pub(crate) fn as_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
         match self {
-            Params::Pair(a, b) => vec![(a as &(dyn ToSql + Sync), Type::INT4), (b, Type::INT4)],
-            Params::Big(k) => vec![(k as &(dyn ToSql + Sync), Type::INT8)],
+            Params::Pair(a, b, o) => vec![
+                (a as &(dyn ToSql + Sync), Type::INT4),
+                (b, Type::INT4),
+                (o, Type::TEXT),
+            ],
+            Params::Big(k, o) => vec![(k as &(dyn ToSql + Sync), Type::INT8), (o, Type::TEXT)],
         }
     }
 }
@@ -135,12 +189,25 @@ mod tests {
             Mode::Exclusive,
             &PgKey::Pair(1, 2),
             &"a*/b".into(),
+            "ab12",
         );
-        assert_eq!(s, "SELECT pg_try_advisory_lock($1, $2) /* a--b */");
         assert_eq!(
-            inline(Call::Wait, false, Mode::Exclusive, &PgKey::Big(-5), &"x".into()),
-            "SELECT pg_advisory_lock(-5) /* x */"
+            s,
+            "SELECT pg_try_advisory_lock($1, $2) WHERE current_setting('dbmutex.owner', true) = $3 /* a--b */"
         );
+        assert_eq!(
+            inline(
+                Call::Wait,
+                false,
+                Mode::Exclusive,
+                &PgKey::Big(-5),
+                &"x".into(),
+                "ab12"
+            ),
+            "SELECT pg_advisory_lock(-5) WHERE current_setting('dbmutex.owner', true) = 'ab12' /* x */"
+        );
+        assert!(inline(Call::Wait, true, Mode::Exclusive, &PgKey::Big(-5), &"x".into(), "")
+            .starts_with("SELECT pg_advisory_xact_lock(-5) WHERE (coalesce(current_setting('dbmutex.owner', true), '') IN ('', '') OR NOT EXISTS"));
     }
 
     #[test]
