@@ -154,6 +154,9 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) application_name: String,
     pub(crate) name_comments: bool,
+    /// Tests only: skip the connect-time pooler check, so the per-statement
+    /// session checks meet a pooler alone.
+    pub(crate) skip_pooler_check: bool,
 }
 
 struct Inner {
@@ -276,6 +279,7 @@ impl LockerBuilder {
                 connect_timeout: Duration::from_secs(5),
                 application_name: "dbmutex".into(),
                 name_comments: true,
+                skip_pooler_check: false,
             },
         }
     }
@@ -330,6 +334,15 @@ impl LockerBuilder {
     /// BENCHMARKS.md for what the comment costs.
     pub fn name_comments(mut self, on: bool) -> Self {
         self.settings.name_comments = on;
+        self
+    }
+
+    /// For dbmutex's own tests: skips the connect-time pooler check
+    /// (PostgreSQL), as if a pooler had slipped past it, so that the checks
+    /// every lock statement carries are tested alone. Never useful otherwise.
+    #[doc(hidden)]
+    pub fn skip_pooler_check_for_tests(mut self) -> Self {
+        self.settings.skip_pooler_check = true;
         self
     }
 

@@ -33,6 +33,13 @@ impl PgBouncer {
     /// Starts pgbouncer with `pool_mode` and two server sessions per pool,
     /// and waits until it answers. Panics (with its log) when it cannot.
     async fn start(pool_mode: &str) -> PgBouncer {
+        Self::start_with(pool_mode, 2, false).await
+    }
+
+    /// Starts pgbouncer with `pool_mode`, `pool` server sessions per pool
+    /// and, with `round_robin`, `server_round_robin = 1` (else PgBouncer
+    /// reuses the most recently released server session first).
+    async fn start_with(pool_mode: &str, pool: usize, round_robin: bool) -> PgBouncer {
         let dir = std::env::temp_dir().join(unique("pgbouncer"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -55,10 +62,12 @@ impl PgBouncer {
                  auth_type = trust\n\
                  auth_file = {}\n\
                  pool_mode = {pool_mode}\n\
-                 default_pool_size = 2\n\
+                 default_pool_size = {pool}\n\
+                 server_round_robin = {rr}\n\
                  max_client_conn = 200\n\
                  ignore_startup_parameters = extra_float_digits,options\n",
-                users.display()
+                users.display(),
+                rr = u8::from(round_robin),
             ),
         )
         .unwrap();
@@ -334,4 +343,251 @@ async fn transaction_locks_keep_exclusion_through_a_transaction_pooler() {
         per_task[..6].iter().sum::<usize>() > 0,
         "the pooled lockers took part"
     );
+}
+
+/// What one contention run through a pooler saw.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Lockers whose connect failed (statement pooling refuses them).
+    connect_refused: usize,
+    /// Sections run under the lock.
+    sections: usize,
+    /// Sections that began while another was still running.
+    overlaps: usize,
+    /// Acquisitions refused with `Error::Unsupported` (a pooler seen).
+    refused: usize,
+    /// Locks reported lost (a pooler moved the session under a holder).
+    lost: usize,
+    /// Anything else.
+    other: Vec<String>,
+}
+
+/// Decrements on drop, so a section stopped at an await point still leaves.
+struct Inside(Arc<AtomicUsize>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `clients` lockers connect through `bouncer` at once and contend for one
+/// name `rounds` times each (scoped calls, so a lost lock stops its
+/// section), session locks or (`xact`) transaction locks.
+async fn contend(bouncer: &PgBouncer, name: &str, clients: usize, rounds: usize, xact: bool) -> Seen {
+    contend_with(bouncer, name, clients, rounds, xact, false).await
+}
+
+/// As [`contend`]; with `unchecked`, the lockers skip the connect-time
+/// pooler check, as if the pooler had slipped past it.
+async fn contend_with(
+    bouncer: &PgBouncer,
+    name: &str,
+    clients: usize,
+    rounds: usize,
+    xact: bool,
+    unchecked: bool,
+) -> Seen {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (url, name) = (bouncer.url(), name.to_owned());
+        let (inside, overlaps) = (inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Seen::default();
+            let mut builder = Locker::builder(&url).keepalive(Duration::from_millis(100));
+            if unchecked {
+                builder = builder.skip_pooler_check_for_tests();
+            }
+            let locker = match builder.connect().await {
+                Ok(l) => l,
+                Err(Error::Unsupported(msg)) => {
+                    assert!(msg.contains("PgBouncer"), "the message names the pooler: {msg}");
+                    seen.connect_refused = 1;
+                    return seen;
+                }
+                Err(e) => panic!("connect through pgbouncer: {e:?}"),
+            };
+            let opts = LockOptions::try_once().transaction(xact);
+            for _ in 0..rounds {
+                let section = || async {
+                    let _in = Inside(inside.clone());
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                };
+                match locker.with_lock(name.as_str(), &opts, section).await {
+                    Ok(dbmutex::Outcome::Acquired(())) => seen.sections += 1,
+                    Ok(dbmutex::Outcome::NotAcquired) => {}
+                    Err(Error::Unsupported(_)) => seen.refused += 1,
+                    Err(Error::LockLost { .. }) => seen.lost += 1,
+                    Err(e) => seen.other.push(format!("{e:?}")),
+                }
+                tokio::task::yield_now().await;
+            }
+            seen
+        }));
+    }
+    let mut all = Seen::default();
+    for t in tasks {
+        let s = t.await.expect("client task");
+        all.connect_refused += s.connect_refused;
+        all.sections += s.sections;
+        all.refused += s.refused;
+        all.lost += s.lost;
+        all.other.extend(s.other);
+    }
+    all.overlaps = overlaps.load(Ordering::SeqCst);
+    all
+}
+
+/// Advisory locks any server session holds on `name`'s key (directly on
+/// PostgreSQL, pooler or not): after every client has gone, anything here
+/// is an orphan on a pooled server session.
+async fn held_anywhere(direct: &tokio_postgres::Client, name: &str) -> i64 {
+    let key = dbmutex::key::pg_key(&name.into(), &dbmutex::Prefix::none());
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let rows = direct
+        .query(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
+            &[&classid, &objid, &objsubid],
+        )
+        .await
+        .unwrap();
+    rows[0].get(0)
+}
+
+/// Both server sessions of the pool opened, as on a pooler that has served
+/// traffic: two clients hold a transaction open at once.
+async fn warm(bouncer: &PgBouncer, sessions: usize) {
+    let clients: Vec<_> = raw_clients(sessions, bouncer).await;
+    for c in &clients {
+        c.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    for c in &clients {
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
+async fn raw_clients(n: usize, bouncer: &PgBouncer) -> Vec<tokio_postgres::Client> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(bouncer.raw().await);
+    }
+    v
+}
+
+/// One pooler configuration under attack: 2 clients on warm sessions (two
+/// `dbmutex run -n` on cron), then 40 at once, with session locks and with
+/// transaction locks. Never two holders; never a lock left on a pooled
+/// server session once the clients are gone.
+async fn attack(pool_mode: &str, pool: usize, round_robin: bool) {
+    let bouncer = PgBouncer::start_with(pool_mode, pool, round_robin).await;
+    let direct = pg_raw().await;
+    if pool_mode != "statement" {
+        warm(&bouncer, pool).await;
+    }
+    let label = format!("{pool_mode}, pool {pool}, round robin {round_robin}");
+    for (clients, xact) in [(2, false), (40, false), (40, true)] {
+        let name = unique("pgb-attack");
+        let seen = contend(&bouncer, &name, clients, 20, xact).await;
+        println!("{label}: {clients} clients, xact {xact}: {seen:?}");
+        assert_eq!(seen.overlaps, 0, "{label}: two holders at once: {seen:?}");
+        assert!(seen.other.is_empty(), "{label}: unexpected errors: {seen:?}");
+        let direct_ref = &direct;
+        let name_ref = name.as_str();
+        assert!(
+            common::eventually(Duration::from_secs(5), || async move {
+                held_anywhere(direct_ref, name_ref).await == 0
+            })
+            .await,
+            "{label}: a lock stayed on a pooled server session after every client left"
+        );
+        if pool_mode == "statement" {
+            assert_eq!(
+                seen.connect_refused, clients,
+                "{label}: statement pooling is refused at connect"
+            );
+        } else if xact {
+            // Transaction locks are safe through a transaction pooler: they
+            // run, and nothing refuses them when no session lock is held.
+            assert!(seen.sections > 0, "{label}: {seen:?}");
+            assert_eq!(seen.refused + seen.lost, 0, "{label}: {seen:?}");
+        }
+    }
+    // The pooler's log has no notification for an unlinked client: nothing
+    // ran LISTEN through it.
+    assert!(
+        !bouncer.log().contains("when not linked"),
+        "{label}: LISTEN went through the pooler:\n{}",
+        bouncer.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_transaction_pool_of_two_round_robin() {
+    attack("transaction", 2, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_transaction_pool_of_two_lifo() {
+    attack("transaction", 2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_transaction_pool_of_one() {
+    attack("transaction", 1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_statement_pool_of_two_round_robin() {
+    attack("statement", 2, true).await;
+}
+
+/// The connect-time check is a hint; the guarantee is the check every lock
+/// statement, unlock and heartbeat carries. With the connect-time check
+/// skipped, 40 clients take session locks through a transaction pooler of
+/// two server sessions: statements that land on another client's server
+/// session lock nothing, the moved client ends its own server session (so
+/// nothing stays orphaned) and reports the loss — and never two holders.
+async fn per_statement_checks_alone(round_robin: bool) {
+    let bouncer = PgBouncer::start_with("transaction", 2, round_robin).await;
+    let direct = pg_raw().await;
+    warm(&bouncer, 2).await;
+    for clients in [2, 40] {
+        let name = unique("pgb-unchecked");
+        let seen = contend_with(&bouncer, &name, clients, 50, false, true).await;
+        println!("unchecked, round robin {round_robin}, {clients} clients: {seen:?}");
+        assert_eq!(seen.overlaps, 0, "two holders at once: {seen:?}");
+        assert!(
+            seen.refused + seen.lost > 0,
+            "40 clients on 2 server sessions: some statement must have met another's session: {seen:?}"
+        );
+        let other_ok = seen
+            .other
+            .iter()
+            .all(|e| e.contains("Connect") || e.contains("transaction-pooling"));
+        assert!(other_ok, "unexpected errors: {seen:?}");
+        let (direct_ref, name_ref) = (&direct, name.as_str());
+        assert!(
+            common::eventually(Duration::from_secs(5), || async move {
+                held_anywhere(direct_ref, name_ref).await == 0
+            })
+            .await,
+            "a lock stayed on a pooled server session after every client left"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_statement_checks_alone_round_robin() {
+    per_statement_checks_alone(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_statement_checks_alone_lifo() {
+    per_statement_checks_alone(false).await;
 }

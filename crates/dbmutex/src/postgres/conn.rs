@@ -116,11 +116,15 @@ impl Connector {
         }
     }
 
-    /// Opens a connection. `on_notify` receives `NOTIFY` messages.
+    /// Opens a connection. `on_notify` receives `NOTIFY` messages. With
+    /// `claim`, it claims its server session (see [`Claim`]) before it is
+    /// returned; a connection for transaction locks needs no claim (and
+    /// behind a busy pooler, a claim would wait for a free server session).
     pub(crate) async fn connect(
         &self,
         settings: &Settings,
         on_notify: Option<NotifyHandler>,
+        claim: bool,
     ) -> Result<Arc<PgConn>> {
         let fut = async {
             match &self.tls {
@@ -153,7 +157,9 @@ impl Connector {
         };
         let connect_and_claim = async {
             let conn = fut.await?;
-            conn.claim().await?;
+            if claim {
+                conn.claim().await?;
+            }
             Ok::<_, Error>(conn)
         };
         match tokio::time::timeout(settings.connect_timeout, connect_and_claim).await {
@@ -281,6 +287,7 @@ pub(crate) struct PgConn {
     /// The server session this connection claimed when it connected; unset
     /// when that session was already claimed by another client.
     claim: std::sync::OnceLock<Claim>,
+    claim_tried: std::sync::atomic::AtomicBool,
     /// The connector's flag: a pooler moved one of its connections.
     pooler_seen: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -345,6 +352,7 @@ impl PgConn {
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
             born: std::time::Instant::now(),
             claim: std::sync::OnceLock::new(),
+            claim_tried: Default::default(),
             pooler_seen,
         })
     }
@@ -353,7 +361,12 @@ impl PgConn {
     /// other client did. A session that carries another client's token is
     /// shared: we are behind a pooler (or one that keeps session state
     /// between clients), and this connection stays unclaimed.
-    async fn claim(&self) -> Result<()> {
+    ///
+    /// Tried once per connection; later calls return at once.
+    pub(crate) async fn claim(&self) -> Result<()> {
+        if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         let rows = self
             .client

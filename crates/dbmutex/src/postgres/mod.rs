@@ -134,7 +134,7 @@ impl LazyConn {
         if let Some(c) = self.live() {
             return Ok(c);
         }
-        let conn = connector.connect(settings, listen.cloned()).await?;
+        let conn = connector.connect(settings, listen.cloned(), true).await?;
         if listen.is_some() {
             if !conn.is_claimed() {
                 return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
@@ -221,13 +221,15 @@ impl PgBackend {
         let (session, other) = tokio::join!(
             backend
                 .connector
-                .connect(settings, Some(backend.on_notify.clone())),
-            backend.connector.connect(settings, None)
+                .connect(settings, Some(backend.on_notify.clone()), true),
+            backend.connector.connect(settings, None, true)
         );
         let (session, other) = (session?, other?);
-        backend.shared_sessions = !session.is_claimed()
-            || backend.connector.pooler_seen()
-            || pooler::shares_sessions(&session, &other).await?;
+        // The behavioural check runs even when a claim already told: it is
+        // what finds a statement pooler (which refuses its BEGIN).
+        let moves = !settings.skip_pooler_check && pooler::shares_sessions(&session, &other).await?;
+        backend.shared_sessions = moves
+            || (!settings.skip_pooler_check && (!session.is_claimed() || backend.connector.pooler_seen()));
         if backend.shared_sessions {
             tracing::warn!("dbmutex: {}", pooler::SESSION_LOCKS_UNSAFE);
             session.close();
@@ -264,7 +266,8 @@ impl PgBackend {
         opts: &LockOptions,
         settings: &Settings,
     ) -> Result<Option<Box<dyn Held>>> {
-        if (self.shared_sessions || self.connector.pooler_seen()) && !opts.transaction {
+        let pooled = self.shared_sessions || (self.connector.pooler_seen() && !settings.skip_pooler_check);
+        if pooled && !opts.transaction {
             return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
         }
         let key = pg_key(name, &settings.prefix);
@@ -329,14 +332,14 @@ impl PgBackend {
                     c.close();
                     let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
                     let opts = opts.clone().timeout_opt(left);
-                    let c = self.connector.connect(settings, None).await?;
+                    let c = self.connector.connect(settings, None, false).await?;
                     let got = wait_dedicated(&c, name, key, &opts).await;
                     (c, got)
                 }
                 got => (c, got),
             },
             None => {
-                let c = self.connector.connect(settings, None).await?;
+                let c = self.connector.connect(settings, None, false).await?;
                 let got = wait_dedicated(&c, name, key, opts).await;
                 (c, got)
             }
@@ -592,6 +595,7 @@ async fn wait_session_dedicated(
     key: PgKey,
     opts: &LockOptions,
 ) -> Result<bool> {
+    conn.claim().await?;
     if !conn.is_claimed() {
         return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
     }

@@ -39,12 +39,28 @@ pub(crate) const SESSION_LOCKS_UNSAFE: &str =
      advisory locks would not exclude anyone. Use LockOptions::transaction(true), or connect \
      to PostgreSQL directly or through a session-pooling proxy";
 
+/// The message of the [`Error::Unsupported`] a connection through a
+/// statement-pooling proxy gets.
+pub(crate) const STATEMENT_POOLING: &str =
+    "this connection goes through a statement-pooling proxy (PgBouncer with pool_mode=statement), \
+     which runs every statement on whichever server session is free and refuses transactions: \
+     neither session nor transaction advisory locks can exclude anyone through it. Connect to \
+     PostgreSQL directly, or through a pool with pool_mode=session (session locks) or \
+     pool_mode=transaction (LockOptions::transaction(true))";
+
 async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
-    let msgs = conn
-        .client
-        .simple_query(sql)
-        .await
-        .map_err(|e| Error::Connect(Box::new(e)))?;
+    let msgs = conn.client.simple_query(sql).await.map_err(|e| {
+        // PgBouncer's own words when statement pooling refuses BEGIN.
+        let db = e
+            .as_db_error()
+            .map(|d| d.message().to_owned())
+            .unwrap_or_default();
+        if db.contains("statement pooling mode") {
+            Error::Unsupported(STATEMENT_POOLING.into())
+        } else {
+            Error::Connect(Box::new(e))
+        }
+    })?;
     first_text(&msgs)
         .and_then(|t| t.parse().ok())
         .ok_or_else(|| Error::Connect("pg_backend_pid() returned no number".into()))
@@ -81,9 +97,5 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
     if other.client.batch_execute("ROLLBACK").await.is_err() {
         other.close();
     }
-    let verdict = verdict?;
-    if verdict {
-        tracing::warn!("dbmutex: {SESSION_LOCKS_UNSAFE}");
-    }
-    Ok(verdict)
+    verdict
 }
