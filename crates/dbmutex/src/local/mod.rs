@@ -386,6 +386,7 @@ pub(crate) mod tests {
             connect_timeout: Duration::from_secs(1),
             application_name: "unit".into(),
             name_comments: true,
+            skip_pooler_check: false,
         }
     }
 
