@@ -302,9 +302,11 @@ impl LockerBuilder {
     /// connection the server or the kernel closes (server restart,
     /// `pg_terminate_backend`, `KILL`, killed process) is reported lost at
     /// once. A silent failure (partition, hung server) is noticed on
-    /// PostgreSQL's lock session by a `SELECT 1` sent after `keepalive` of
-    /// quiet and answered within `max(keepalive, 500 ms)` — so within about
-    /// twice `keepalive` — and on its dedicated connections by TCP keepalive
+    /// PostgreSQL by a probe that every connection holding a lock sends
+    /// `keepalive` after the server last answered and that must be answered
+    /// within `max(keepalive, 500 ms)`: within `keepalive + max(keepalive,
+    /// 500 ms)` of the failure (2 s at the default; 1.80–1.99 s measured, see
+    /// RELIABILITY.md); a waiting connection relies on TCP keepalive
     /// (`max(keepalive, 1 s)` idle and interval); on MySQL by a ping every
     /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`).
     pub fn keepalive(mut self, d: Duration) -> Self {

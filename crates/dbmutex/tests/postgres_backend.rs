@@ -717,7 +717,11 @@ async fn locker_from_a_tokio_postgres_config() {
 
 /// A silent failure (a partition: nothing answers, yet no socket closes) is
 /// reported to every guard — on the lock session and on dedicated
-/// connections — within about twice the keepalive.
+/// connections — within `keepalive + max(keepalive, 500 ms)` of the
+/// partition (2 s with the default keepalive of 1 s): the probe goes out
+/// `keepalive` after the last answer, and waits that long for its own.
+/// Three trials at the default; the bound is the feature, so it is asserted,
+/// with 600 ms for a loaded machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_partition_is_reported_within_the_keepalive_bound() {
     let url = pg_url();
@@ -728,43 +732,47 @@ async fn silent_partition_is_reported_within_the_keepalive_bound() {
     } else {
         format!("{host}:5432")
     };
-    let (port, frozen) = common::freezable_proxy(target).await;
     let path = if path.contains('?') {
         format!("{path}&sslmode=disable")
     } else {
         format!("{path}?sslmode=disable")
     };
-    let keepalive = Duration::from_millis(500);
-    let l = Backend::Postgres
-        .connect(Locker::builder(&format!("{scheme_user}@127.0.0.1:{port}/{path}")).keepalive(keepalive))
-        .await;
-    let guards = vec![
-        l.lock(unique("part1").as_str()).await.unwrap(),
-        l.lock(unique("part2").as_str()).await.unwrap(),
-        // Dedicated connections: a server-side wait and a transaction lock.
-        l.acquire(unique("part3").as_str(), &server_wait(None))
-            .await
-            .unwrap()
-            .unwrap(),
-        l.acquire(unique("part4").as_str(), &LockOptions::new().transaction(true))
-            .await
-            .unwrap()
-            .unwrap(),
-    ];
-    let t = Instant::now();
-    frozen.store(true, std::sync::atomic::Ordering::Relaxed);
-    for g in &guards {
-        tokio::time::timeout(Duration::from_secs(5), g.lost())
-            .await
-            .expect("a silent partition must be noticed");
-        assert!(!g.is_held());
+    let keepalive = Duration::from_secs(1);
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let (port, frozen) = common::freezable_proxy(target.clone()).await;
+        let l = Backend::Postgres
+            .connect(Locker::builder(&format!("{scheme_user}@127.0.0.1:{port}/{path}")).keepalive(keepalive))
+            .await;
+        let guards = vec![
+            l.lock(unique("part1").as_str()).await.unwrap(),
+            l.lock(unique("part2").as_str()).await.unwrap(),
+            // Dedicated connections: a server-side wait and a transaction lock.
+            l.acquire(unique("part3").as_str(), &server_wait(None))
+                .await
+                .unwrap()
+                .unwrap(),
+            l.acquire(unique("part4").as_str(), &LockOptions::new().transaction(true))
+                .await
+                .unwrap()
+                .unwrap(),
+        ];
+        // Partition at a random point of the heartbeat's cycle.
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..1000))).await;
+        let t = Instant::now();
+        frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+        for g in &guards {
+            tokio::time::timeout(Duration::from_secs(10), g.lost())
+                .await
+                .expect("a silent partition must be noticed");
+            assert!(!g.is_held());
+        }
+        took.push(t.elapsed());
     }
-    let took = t.elapsed();
-    // Quiet for `keepalive`, then no answer within max(keepalive, 500 ms).
-    assert!(
-        took < keepalive * 2 + Duration::from_millis(700),
-        "noticed after {took:?}"
-    );
+    println!("partition noticed by every guard after {took:?}");
+    for t in &took {
+        assert!(*t < keepalive * 2 + Duration::from_millis(600), "noticed after {t:?}");
+    }
 }
 
 /// In-process hand-offs do not starve waiters of other sessions that do not

@@ -493,9 +493,10 @@ impl PgConn {
     /// has been quiet for `every`, it sends `SELECT 1` (carrying the last
     /// lock name's comment, so `pg_stat_activity` still shows it); no answer
     /// within `every` (at least 500 ms) closes it and reports it lost. So a
-    /// silent failure — a partition, a hung server — is noticed within about
-    /// twice `every`, where TCP keepalive alone may take much longer (a
-    /// middlebox or proxy that still acknowledges TCP hides it).
+    /// silent failure — a partition, a hung server — is noticed within
+    /// `every + max(every, 500 ms)` of the last answer, where TCP keepalive
+    /// alone may take much longer (a middlebox or proxy that still
+    /// acknowledges TCP hides it).
     ///
     /// Each probe of a session-lock connection also checks that it still
     /// runs on its claimed server session (see [`Claim`]); with `xact` (a
@@ -504,17 +505,24 @@ impl PgConn {
         let weak = Arc::downgrade(self);
         let answer_within = every.max(Duration::from_millis(500));
         self.runtime.spawn(async move {
+            let mut wait = every;
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(wait).await;
                 let Some(conn) = weak.upgrade() else { return };
                 if conn.is_lost() {
                     return;
                 }
-                let quiet_ms = (conn.born.elapsed().as_millis() as u64)
-                    .saturating_sub(conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed));
-                if quiet_ms < every.as_millis() as u64 {
+                // The probe goes out `every` after the last answer, not on a
+                // fixed tick: a tick could add up to another `every`.
+                let quiet = Duration::from_millis(
+                    (conn.born.elapsed().as_millis() as u64)
+                        .saturating_sub(conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed)),
+                );
+                if quiet < every {
+                    wait = every - quiet;
                     continue;
                 }
+                wait = every;
                 let comment = conn
                     .last_comment
                     .lock()
