@@ -771,7 +771,10 @@ async fn silent_partition_is_reported_within_the_keepalive_bound() {
     }
     println!("partition noticed by every guard after {took:?}");
     for t in &took {
-        assert!(*t < keepalive * 2 + Duration::from_millis(600), "noticed after {t:?}");
+        assert!(
+            *t < keepalive * 2 + Duration::from_millis(600),
+            "noticed after {t:?}"
+        );
     }
 }
 
@@ -814,4 +817,69 @@ async fn in_process_handoff_does_not_starve_other_sessions() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// The `lock_timeout` race (DistributedLock #147): PostgreSQL may grant a
+/// session lock just as the wait's timeout fires, and the session lock
+/// outlives the cancelled statement. A waiter that took 55P03 as "not
+/// acquired" would put a connection holding the lock back among its spares:
+/// an orphan that excludes everyone until the locker ends. Provoked as well
+/// as a test can: a raw holder lets go at random moments around the
+/// waiter's 30 ms timeout, 150 times. After a "not acquired", nobody holds
+/// the lock; after an "acquired", the guard really holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_the_wait_timeout_is_never_left_on_a_spare() {
+    let name = unique("race");
+    let key = pg_key(&LockName::from(name.as_str()), &Prefix::none());
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let holder = pg_raw().await;
+    let observer = pg_raw().await;
+    let waiter = Backend::Postgres.locker().await;
+    let held_by_anyone = || async {
+        observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3",
+                &[&classid, &objid, &objsubid],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let (mut acquired, mut timed_out) = (0, 0);
+    for _ in 0..150 {
+        holder
+            .execute(&format!("SELECT pg_advisory_lock({})", key.sql_args()), &[])
+            .await
+            .unwrap();
+        let release_after = Duration::from_micros(fastrand::u64(20_000..40_000));
+        let unlock = async {
+            tokio::time::sleep(release_after).await;
+            holder
+                .execute(&format!("SELECT pg_advisory_unlock({})", key.sql_args()), &[])
+                .await
+                .unwrap();
+        };
+        let opts = server_wait(Some(Duration::from_millis(30)));
+        let wait = waiter.acquire(name.as_str(), &opts);
+        let (got, ()) = tokio::join!(wait, unlock);
+        match got.unwrap() {
+            Some(g) => {
+                acquired += 1;
+                assert_eq!(held_by_anyone().await, 1, "an acquired guard holds the lock");
+                g.release().await.unwrap();
+            }
+            None => timed_out += 1,
+        }
+        assert_eq!(
+            held_by_anyone().await,
+            0,
+            "after the wait and the holder's release, nobody holds the lock"
+        );
+    }
+    println!("acquired {acquired}, timed out {timed_out}");
+    assert!(
+        acquired > 0 && timed_out > 0,
+        "the releases straddled the timeout"
+    );
 }
