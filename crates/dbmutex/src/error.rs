@@ -59,6 +59,26 @@ pub enum Error {
     /// `max_locks_per_transaction` on the server.
     #[error("the server's lock table is full (SQLSTATE 53200): raise max_locks_per_transaction or hold fewer locks")]
     LockTableFull(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Taking one more lock would bring the server's shared lock table
+    /// (PostgreSQL) past dbmutex's budget: three quarters of
+    /// `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)`, counted over every session of the
+    /// server. dbmutex refuses here, well before the table is full (when
+    /// every client of the server would fail). Release locks, or raise
+    /// `max_locks_per_transaction` on the server.
+    #[error(
+        "the server's lock table holds {used} entries; dbmutex takes no lock past {limit} \
+         (3/4 of max_locks_per_transaction x (max_connections + max_prepared_transactions) = {capacity}), \
+         so that the table never fills: release locks or raise max_locks_per_transaction"
+    )]
+    ServerLockBudget {
+        /// Entries in the server's lock table when counted.
+        used: u64,
+        /// The budget for the whole server.
+        limit: u64,
+        /// The table's size by the server's settings.
+        capacity: u64,
+    },
     /// Connecting failed: server unreachable, refused, TLS, or authentication.
     #[error("cannot connect to the database: {}", chain(.0.as_ref()))]
     Connect(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -288,6 +288,8 @@ pub(crate) struct PgConn {
     /// when that session was already claimed by another client.
     claim: std::sync::OnceLock<Claim>,
     claim_tried: std::sync::atomic::AtomicBool,
+    /// The server's lock-table settings, read with the claim.
+    pub(crate) lock_table: std::sync::OnceLock<super::budget::LockTable>,
     /// The connector's flag: a pooler moved one of its connections.
     pooler_seen: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -353,6 +355,7 @@ impl PgConn {
             born: std::time::Instant::now(),
             claim: std::sync::OnceLock::new(),
             claim_tried: Default::default(),
+            lock_table: Default::default(),
             pooler_seen,
         })
     }
@@ -374,7 +377,9 @@ impl PgConn {
                 "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
                  THEN set_config('dbmutex.owner', $1, false) \
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-                 (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid())",
+                 (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()), \
+                 current_setting('max_locks_per_transaction')::int8, \
+                 current_setting('max_connections')::int8 + current_setting('max_prepared_transactions')::int8",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
@@ -383,6 +388,10 @@ impl PgConn {
             .first()
             .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
         let owner: Option<String> = row.get(0);
+        let _ = self.lock_table.set(super::budget::LockTable {
+            per_transaction: row.get::<_, i64>(3).max(1) as u64,
+            slots: row.get::<_, i64>(4).max(1) as u64,
+        });
         if owner.as_deref() == Some(token.as_str()) {
             let _ = self.claim.set(Claim {
                 token,

@@ -22,6 +22,7 @@
 //! keepalive), every guard on it reports the loss at once. Nothing is ever
 //! re-acquired silently.
 
+mod budget;
 mod conn;
 mod handoff;
 mod pooler;
@@ -174,6 +175,8 @@ pub(crate) struct PgBackend {
     shared_sessions: bool,
     /// Clean dedicated connections, kept for the next server-side wait.
     spares: Spares,
+    /// This locker's share of the server's lock table.
+    budget: Arc<budget::Budget>,
 }
 
 /// Idle dedicated connections that hold nothing.
@@ -214,6 +217,11 @@ impl PgBackend {
             id,
             shared_sessions: false,
             spares: Spares::default(),
+            // Until the first connection reads the server's settings.
+            budget: budget::Budget::new(budget::LockTable {
+                per_transaction: 64,
+                slots: 100,
+            }),
         };
         // Connect now, so a bad URL, server or password fails here. The
         // second connection serves the pooler check, then introspection.
@@ -225,6 +233,9 @@ impl PgBackend {
             backend.connector.connect(settings, None, true)
         );
         let (session, other) = (session?, other?);
+        if let Some(t) = session.lock_table.get().or(other.lock_table.get()) {
+            backend.budget = budget::Budget::new(*t);
+        }
         // The behavioural check runs even when a claim already told: it is
         // what finds a statement pooler (which refuses its BEGIN).
         let moves = !settings.skip_pooler_check && pooler::shares_sessions(&session, &other).await?;
@@ -271,8 +282,12 @@ impl PgBackend {
             return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
         }
         let key = pg_key(name, &settings.prefix);
+        let slot = self
+            .budget
+            .reserve(|| self.probe.get(&self.connector, settings, None))
+            .await?;
         if opts.transaction || opts.strategy == WaitStrategy::Server {
-            return self.acquire_dedicated(name, key, opts, settings).await;
+            return self.acquire_dedicated(name, key, opts, settings, slot).await;
         }
         let deadline = wait::deadline(opts.timeout);
         // In-process first: costs the server nothing, and the server could
@@ -309,6 +324,7 @@ impl PgBackend {
             name: name.clone(),
             comment: settings.name_comments,
             hold: Some(hold),
+            _budget: slot,
         })))
     }
 
@@ -318,6 +334,7 @@ impl PgBackend {
         key: PgKey,
         opts: &LockOptions,
         settings: &Settings,
+        slot: budget::Slot,
     ) -> Result<Option<Box<dyn Held>>> {
         let spare_conn = {
             let mut s = self.spares.lock().unwrap_or_else(|e| e.into_inner());
@@ -353,6 +370,7 @@ impl PgBackend {
                 name: name.clone(),
                 xact: opts.transaction,
                 spares: self.spares.clone(),
+                _budget: slot,
             }))),
             Ok(false) if !opts.transaction => {
                 // A refused try or a timed-out wait leaves the session clean
@@ -725,6 +743,8 @@ struct SessionHeld {
     comment: bool,
     /// `None` once the unlock is under way.
     hold: Option<Hold<PgKey>>,
+    /// Room in the server's lock table, given back when this is dropped.
+    _budget: budget::Slot,
 }
 
 impl Held for SessionHeld {
@@ -804,6 +824,8 @@ struct DedicatedHeld {
     name: LockName,
     xact: bool,
     spares: Spares,
+    /// Room in the server's lock table, given back when this is dropped.
+    _budget: budget::Slot,
 }
 
 impl Held for DedicatedHeld {

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod private_pg;
+#[allow(unused_imports)]
 pub use private_pg::PrivatePg;
 
 use std::future::Future;
