@@ -11,7 +11,29 @@
 //!
 //! No pooler announces its mode in-band (PgBouncer answers `SHOW` only on its
 //! admin console, and reports a made-up `BackendKeyData` in every mode), so
-//! the check is behavioural, and needs no setting from the user:
+//! detection is behavioural, needs no setting from the user, and has two
+//! layers:
+//!
+//! **The guarantee: claims, checked by every statement.** Each connection
+//! marks the server session it lands on at connect with a random token in
+//! the session setting `dbmutex.owner`, unless another client's token is
+//! already there (then the session is shared: a pooler, or one that keeps
+//! session state between clients). Every session-lock statement, unlock and
+//! heartbeat carries `WHERE current_setting('dbmutex.owner', true) =
+//! <token>` in the same statement, so:
+//!
+//! - a statement a pooler hands to another server session locks nothing
+//!   there (no row comes back);
+//! - the move is seen at once, and our own server session, which may still
+//!   hold our locks out of reach of every later statement, is ended
+//!   (`pg_terminate_backend` by pid and backend start; same role, so no
+//!   privilege is needed): nothing stays orphaned, and every guard on the
+//!   connection reports the loss;
+//! - a transaction lock refuses a server session that another client
+//!   claimed and that holds a session lock on the key (re-entrant there).
+//!
+//! **The hint: a check at connect**, so the common case fails early with a
+//! clear message instead of at the first lock:
 //!
 //! 1. the lock session asks `pg_backend_pid()` → `p1`;
 //! 2. a second connection opens a transaction and asks `pg_backend_pid()` →
@@ -19,12 +41,10 @@
 //! 3. the lock session asks again → `p2`; then the transaction is rolled back.
 //!
 //! A session of its own (direct connection, or a session-pooling proxy)
-//! always gives `p1 == p2` and `q != p1`: no false alarm is possible. A
-//! transaction pooler gives the freed `p1` to the second connection (PgBouncer
-//! reuses the most recently released server session first), or, if it hands
-//! out another one, step 3 can still land elsewhere. Without other traffic
-//! on the pool PgBouncer's default (LIFO) reuse makes `q == p1` certain; busy
-//! pools make detection likely rather than certain.
+//! always gives `p1 == p2` and `q != p1`. A transaction pooler usually gives
+//! itself away here (or by a failed claim); a statement pooler refuses the
+//! `BEGIN` of step 2, and the connect fails naming it. What slips past this
+//! check is caught by the claims above.
 
 use std::time::Duration;
 
