@@ -11,6 +11,7 @@ mod locker;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
+mod redact;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod wait;
@@ -19,10 +20,11 @@ pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{LockName, Prefix};
 pub use locker::{
-    current_locks, redact_url, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
+    current_locks, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
     DEFAULT_MAX_LOCKS,
 };
 pub use options::{LockOptions, Mode, WaitStrategy};
+pub use redact::redact_url;
 
 /// The workspace README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]
