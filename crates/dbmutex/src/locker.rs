@@ -302,6 +302,19 @@ impl LockerBuilder {
     pub async fn connect(self) -> Result<Locker> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // The target as `Target`'s Debug describes it: never the string itself.
+        let target = tracing::enabled!(tracing::Level::DEBUG).then(|| format!("{:?}", self.target));
+        if let Some(t) = &target {
+            tracing::debug!(target_db = %t, "dbmutex: connecting");
+        }
+        let r = self.connect_inner(id).await;
+        if let (Some(t), Err(e)) = (&target, &r) {
+            tracing::debug!(target_db = %t, error = %e, "dbmutex: connect failed");
+        }
+        r
+    }
+
+    async fn connect_inner(self, id: u64) -> Result<Locker> {
         let backend = match &self.target {
             Target::Local(dir) => {
                 Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)

@@ -163,12 +163,12 @@ fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
             Some(path) => {
                 use rustls::pki_types::pem::PemObject;
                 let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-                    .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                    .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                 for c in certs {
-                    let c = c.map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                    let c = c.map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                     roots
                         .add(c)
-                        .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                        .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                 }
             }
             None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
