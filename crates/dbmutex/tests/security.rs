@@ -408,6 +408,22 @@ async fn hostile_passwords_never_leak() {
                 }
                 checked += assert_no_leak(s, &what, &texts);
             }
+            // A tokio-postgres Config handed over as is.
+            let mut config = tokio_postgres::Config::new();
+            config
+                .user("postgres")
+                .password(s.text.as_bytes())
+                .host("127.0.0.1")
+                .port(1)
+                .dbname("test")
+                .options(format!("-c application_name={}", pct(&s.text)));
+            let builder = Locker::pg_config_builder(config).connect_timeout(Duration::from_secs(3));
+            let mut texts = vec![format!("{builder:?}"), format!("{builder:#?}")];
+            if let Err(err) = builder.connect().await {
+                texts.extend(error_texts(&err));
+            }
+            strings += 1;
+            checked += assert_no_leak(s, "pg_config_builder", &texts);
             if label == &"real servers" && i % 10 == 0 {
                 // Keep MariaDB's failed-connection counter for 127.0.0.1
                 // far from max_connect_errors: a good login resets it.
