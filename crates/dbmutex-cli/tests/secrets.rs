@@ -29,9 +29,38 @@ impl Rng {
 
 /// What goes between a password's marker tokens.
 const PIECES: &[&str] = &[
-    "/", "?", "#", "@", ":", "&", "=", "%", "+", ";", ",", " ", "'", "\"", "\\", "%2F", "%40", "%3F",
-    "%23", "%25", "%zz", "ü", "€", "🔑", "@127.0.0.1:5432/", "?sslmode=", "&password=", "/test?",
-    "password=", "$(", "`", "\u{a0}",
+    "/",
+    "?",
+    "#",
+    "@",
+    ":",
+    "&",
+    "=",
+    "%",
+    "+",
+    ";",
+    ",",
+    " ",
+    "'",
+    "\"",
+    "\\",
+    "%2F",
+    "%40",
+    "%3F",
+    "%23",
+    "%25",
+    "%zz",
+    "ü",
+    "€",
+    "🔑",
+    "@127.0.0.1:5432/",
+    "?sslmode=",
+    "&password=",
+    "/test?",
+    "password=",
+    "$(",
+    "`",
+    "\u{a0}",
 ];
 
 /// A password and the texts that must never be printed.
@@ -56,8 +85,16 @@ fn secret(text: String, tokens: &[String]) -> Secret {
 
 fn hostile_passwords(random: usize) -> Vec<Secret> {
     let shapes = [
-        "pa/{t}", "pa?{t}", "pa#{t}", "pa@{t}", "5432/{t}", "pa%2F{t}", "p a ss '{t}\"", "\\{t}€🔑",
-        "x&sslmode={t}", "@127.0.0.1:5432/{t}",
+        "pa/{t}",
+        "pa?{t}",
+        "pa#{t}",
+        "pa@{t}",
+        "5432/{t}",
+        "pa%2F{t}",
+        "p a ss '{t}\"",
+        "\\{t}€🔑",
+        "x&sslmode={t}",
+        "@127.0.0.1:5432/{t}",
     ];
     let mut out: Vec<Secret> = shapes
         .iter()
@@ -133,10 +170,12 @@ struct Job {
 
 fn jobs(secrets: &[Secret]) -> Vec<Job> {
     let real_pg = host_port(
-        &std::env::var("DBMUTEX_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        &std::env::var("DBMUTEX_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
     );
     let real_my = host_port(
-        &std::env::var("DBMUTEX_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+        &std::env::var("DBMUTEX_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
     );
     let closed = "127.0.0.1:1".to_owned();
     let mut out = Vec::new();
@@ -154,7 +193,8 @@ fn jobs(secrets: &[Secret]) -> Vec<Job> {
                 for (k, sub) in subcommands.iter().enumerate() {
                     n += 1;
                     // Four ways to hand over the URL, rotating.
-                    let (mut args, env): (Vec<String>, Vec<(&'static str, String)>) = match (i + form + k) % 4 {
+                    let (mut args, env): (Vec<String>, Vec<(&'static str, String)>) = match (i + form + k) % 4
+                    {
                         0 => (vec!["--database-url".into(), url.clone()], vec![]),
                         1 => (vec![format!("--database-url={url}")], vec![]),
                         2 => (vec![], vec![("DATABASE_URL", url.clone())]),
@@ -162,19 +202,47 @@ fn jobs(secrets: &[Secret]) -> Vec<Job> {
                     };
                     args.extend(sub.iter().map(|a| a.to_string()));
                     let must_run = real && k == 0 && (form == 1 || form == 3);
-                    out.push(Job { secret: i, args, env, must_run });
+                    out.push(Job {
+                        secret: i,
+                        args,
+                        env,
+                        must_run,
+                    });
                 }
             }
             // The URL handed to the wrong flag, or to a misspelt one: clap
             // quotes what it cannot use.
             let url = format!("postgres://postgres:{}@{pg}/test", s.text);
             for args in [
-                vec!["run".to_owned(), "-w".into(), url.clone(), "x".into(), "--".into(), "true".into()],
-                vec!["run".to_owned(), format!("--kill-after={url}"), "x".into(), "--".into(), "true".into()],
+                vec![
+                    "run".to_owned(),
+                    "-w".into(),
+                    url.clone(),
+                    "x".into(),
+                    "--".into(),
+                    "true".into(),
+                ],
+                vec![
+                    "run".to_owned(),
+                    format!("--kill-after={url}"),
+                    "x".into(),
+                    "--".into(),
+                    "true".into(),
+                ],
                 vec![format!("--databse-url={url}"), "key".into(), "x".into()],
-                vec!["run".to_owned(), "-E".into(), format!("host=h password='{}'", s.text), "x".into()],
+                vec![
+                    "run".to_owned(),
+                    "-E".into(),
+                    format!("host=h password='{}'", s.text),
+                    "x".into(),
+                ],
             ] {
-                out.push(Job { secret: i, args, env: vec![], must_run: false });
+                out.push(Job {
+                    secret: i,
+                    args,
+                    env: vec![],
+                    must_run: false,
+                });
             }
         }
     }
@@ -237,7 +305,12 @@ fn hostile_passwords_never_reach_stdout_or_stderr() {
         }
     });
     let failures = failures.into_inner().unwrap();
-    assert!(failures.is_empty(), "{} failures, first ones:\n{}", failures.len(), failures[..failures.len().min(5)].join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures, first ones:\n{}",
+        failures.len(),
+        failures[..failures.len().min(5)].join("\n")
+    );
     let ran = ran.into_inner();
     assert!(ran > 0, "some commands ran under a lock on the real server");
     eprintln!(

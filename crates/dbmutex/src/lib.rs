@@ -11,9 +11,9 @@ mod locker;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod options;
-mod redact;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod redact;
 mod wait;
 
 pub use error::{Error, Result};

@@ -608,9 +608,9 @@ pub(crate) fn file_url_path(url: &str) -> Result<String> {
     let rest = url.get("file://".len()..).unwrap_or_default();
     let rest = rest.strip_prefix("localhost").unwrap_or(rest);
     if !rest.starts_with('/') {
-        return Err(Error::Config(format!(
-            "a file URL must name an absolute path: file:///path/to/lock/dir"
-        )));
+        return Err(Error::Config(
+            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
+        ));
     }
     let bytes = rest.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

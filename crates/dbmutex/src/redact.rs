@@ -140,9 +140,7 @@ pub(crate) fn check(url: &str) -> Result<()> {
 fn pg_ambiguity(rest: &str) -> Option<&'static str> {
     let at = rest.find('@')?;
     if rest[at + 1..].contains('@') {
-        return Some(
-            "more than one '@': percent-encode '@' in the user name, password or parameters as %40",
-        );
+        return Some("more than one '@': percent-encode '@' in the user name, password or parameters as %40");
     }
     if rest[..at].contains('?') {
         return Some(
@@ -217,7 +215,13 @@ pub(crate) fn describe_pg_config(c: &tokio_postgres::Config) -> String {
 #[cfg(feature = "postgres")]
 fn pg_hosts(c: &tokio_postgres::Config) -> Vec<String> {
     use tokio_postgres::config::Host;
-    let port = |i: usize| c.get_ports().get(i).or(c.get_ports().first()).copied().unwrap_or(5432);
+    let port = |i: usize| {
+        c.get_ports()
+            .get(i)
+            .or(c.get_ports().first())
+            .copied()
+            .unwrap_or(5432)
+    };
     let mut hosts: Vec<String> = c
         .get_hosts()
         .iter()
@@ -363,25 +367,52 @@ mod tests {
                 "postgres://h/db?sslmode=require&password=secret&PASSWORD=secret&sslpassword=secret",
                 "postgres://h:5432/db",
             ),
-            ("postgres:///db?user=me&host=h&port=7&options=-csecret", "postgres://me@h:7/db"),
+            (
+                "postgres:///db?user=me&host=h&port=7&options=-csecret",
+                "postgres://me@h:7/db",
+            ),
             ("postgres://a,b:6/db", "postgres://a:5432,b:6/db"),
             ("postgres://[::1]:5/db", "postgres://[::1]:5/db"),
-            ("postgres:///db?host=/run/postgresql", "postgres:///run/postgresql:5432/db"),
-            ("postgres://u:p@ss@h/db", "postgres://<unparseable connection string>"),
-            ("postgres://u:pa?x=secret@h/db", "postgres://<unparseable connection string>"),
-            ("postgres://u:secret@h/db?port=x", "postgres://<unparseable connection string>"),
+            (
+                "postgres:///db?host=/run/postgresql",
+                "postgres:///run/postgresql:5432/db",
+            ),
+            (
+                "postgres://u:p@ss@h/db",
+                "postgres://<unparseable connection string>",
+            ),
+            (
+                "postgres://u:pa?x=secret@h/db",
+                "postgres://<unparseable connection string>",
+            ),
+            (
+                "postgres://u:secret@h/db?port=x",
+                "postgres://<unparseable connection string>",
+            ),
             ("mysql://u:secret@h:3306/db?x=1", "mysql://u@h:3306/db"),
             ("mariadb://u:p@ss@h/db", "mariadb://u@h:3306/db"),
-            ("mysql://u:pa/secret@h/db", "mysql://<unparseable connection string>"),
-            ("mysql://u:pa#secret@h/db", "mysql://<unparseable connection string>"),
+            (
+                "mysql://u:pa/secret@h/db",
+                "mysql://<unparseable connection string>",
+            ),
+            (
+                "mysql://u:pa#secret@h/db",
+                "mysql://<unparseable connection string>",
+            ),
             ("mysql://u:pa%2Fsecret@h/db", "mysql://u@h:3306/db"),
             ("mysql://u:secret@h/db?pool_min=secret", "mysql://u@h:3306/db"),
-            ("mysql://u:secret@h:x/db", "mysql://<unparseable connection string>"),
+            (
+                "mysql://u:secret@h:x/db",
+                "mysql://<unparseable connection string>",
+            ),
             ("file:///tmp/a%20b", "file:///tmp/a%20b"),
             ("file://u:secret@h/x", "file://<unparseable connection string>"),
             ("nosuch://u:secret@h/db", "nosuch://…"),
             ("u:secret@h/db", UNPARSEABLE),
-            ("host=h port=5 user=u password=secret dbname=d", "host=h:5 user=u dbname=d"),
+            (
+                "host=h port=5 user=u password=secret dbname=d",
+                "host=h:5 user=u dbname=d",
+            ),
             ("host=h password='se cret' user=u", "host=h:5432 user=u"),
             ("host=h password=se cret", UNPARSEABLE),
             ("secret", UNPARSEABLE),

@@ -225,10 +225,58 @@ impl Rng {
 /// delimiter, percent-encoded forms (valid and not), quotes, spaces,
 /// non-ASCII, and fragments that look like the rest of a URL.
 const PIECES: &[&str] = &[
-    "/", "?", "#", "@", ":", "&", "=", "%", "+", ";", ",", " ", "'", "\"", "\\", "%2F", "%2f", "%40",
-    "%3F", "%23", "%25", "%20", "%zz", "%", "ü", "€", "🔑", "\u{a0}", "  ", "@127.0.0.1:5432/",
-    "?sslmode=", "&password=", "&sslmode=", "&sslrootcert=", "/test?", "#frag", "password=", "'--",
-    "\\'", "=\"", "`", "$(", "<", ">", "[", "]", "{", "}", "|", "^", "~", "*",
+    "/",
+    "?",
+    "#",
+    "@",
+    ":",
+    "&",
+    "=",
+    "%",
+    "+",
+    ";",
+    ",",
+    " ",
+    "'",
+    "\"",
+    "\\",
+    "%2F",
+    "%2f",
+    "%40",
+    "%3F",
+    "%23",
+    "%25",
+    "%20",
+    "%zz",
+    "%",
+    "ü",
+    "€",
+    "🔑",
+    "\u{a0}",
+    "  ",
+    "@127.0.0.1:5432/",
+    "?sslmode=",
+    "&password=",
+    "&sslmode=",
+    "&sslrootcert=",
+    "/test?",
+    "#frag",
+    "password=",
+    "'--",
+    "\\'",
+    "=\"",
+    "`",
+    "$(",
+    "<",
+    ">",
+    "[",
+    "]",
+    "{",
+    "}",
+    "|",
+    "^",
+    "~",
+    "*",
 ];
 
 /// A hostile password and the texts that must never appear in output: the
@@ -257,9 +305,26 @@ fn secret(text: String, tokens: &[String]) -> Secret {
 /// Fixed shapes first (the ones seen leaking), then random ones.
 fn hostile_passwords(random: usize) -> Vec<Secret> {
     let shapes = [
-        "pa/{t}", "pa?{t}", "pa#{t}", "pa@{t}", "{t}:x", "5432/{t}", "pa%2F{t}", "pa%40{t}", "pa%3F{t}",
-        "p a ss {t}", "'{t}\"", "\\{t}\\", "{t}€ü🔑", "x&password={t}", "x?sslmode={t}", "x&sslmode={t}",
-        "x&sslrootcert={t}", "@127.0.0.1:5432/{t}", "{t}@127.0.0.1:5432/test?x=", "{t}",
+        "pa/{t}",
+        "pa?{t}",
+        "pa#{t}",
+        "pa@{t}",
+        "{t}:x",
+        "5432/{t}",
+        "pa%2F{t}",
+        "pa%40{t}",
+        "pa%3F{t}",
+        "p a ss {t}",
+        "'{t}\"",
+        "\\{t}\\",
+        "{t}€ü🔑",
+        "x&password={t}",
+        "x?sslmode={t}",
+        "x&sslmode={t}",
+        "x&sslrootcert={t}",
+        "@127.0.0.1:5432/{t}",
+        "{t}@127.0.0.1:5432/test?x=",
+        "{t}",
     ];
     let mut out: Vec<Secret> = shapes
         .iter()
@@ -371,7 +436,10 @@ async fn hostile_passwords_never_leak() {
     let secrets = hostile_passwords(40);
     let real_pg = host_port(&common::pg_url());
     let real_my = host_port(&common::mysql_url());
-    let targets = [("closed ports", "127.0.0.1:1".to_owned(), "127.0.0.1:1".to_owned()), ("real servers", real_pg, real_my)];
+    let targets = [
+        ("closed ports", "127.0.0.1:1".to_owned(), "127.0.0.1:1".to_owned()),
+        ("real servers", real_pg, real_my),
+    ];
     let (mut strings, mut checked, mut connected, mut refused_config) = (0, 0, 0, 0);
     for (label, pg, my) in &targets {
         for (i, s) in secrets.iter().enumerate() {
@@ -398,7 +466,10 @@ async fn hostile_passwords_never_leak() {
                             let name = unique("sec-hostile");
                             let g = locker.lock(name.as_str()).await.expect("lock");
                             texts.push(format!("{g:?}"));
-                            texts.push(format!("{:?}", locker.holders(name.as_str()).await.expect("holders")));
+                            texts.push(format!(
+                                "{:?}",
+                                locker.holders(name.as_str()).await.expect("holders")
+                            ));
                             for l in locker.list().await.expect("list") {
                                 texts.push(format!("{l:?}"));
                             }

@@ -73,7 +73,11 @@ impl Connector {
         });
         let rebuilt = format!("{base}?{}", kept.join("&"));
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
-            Error::Config(format!("bad PostgreSQL URL {}: {}", redact_url(url), pg_reason(&e)))
+            Error::Config(format!(
+                "bad PostgreSQL URL {}: {}",
+                redact_url(url),
+                pg_reason(&e)
+            ))
         })?;
         let tls = match verify {
             None => Tls::Off,
