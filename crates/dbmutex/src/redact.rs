@@ -25,6 +25,7 @@
 //! [`mysql_reason`], which keep only the driver's fixed texts and option
 //! names, never a value (mysql_async's "Invalid value `...`" quotes it).
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::fmt::Write as _;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
@@ -66,8 +67,10 @@ const FIELD: &AsciiSet = &CONTROLS
 const PATH: &AsciiSet = &FIELD.remove(b'/');
 
 /// As [`FIELD`], but keeping `:` (IPv6 addresses, shown in brackets).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 const IPV6: &AsciiSet = &FIELD.remove(b':');
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 fn enc(s: &str) -> String {
     utf8_percent_encode(s, FIELD).to_string()
 }
