@@ -207,33 +207,32 @@ pub(crate) fn describe_pg_config(c: &tokio_postgres::Config) -> String {
     if let Some(u) = c.get_user() {
         let _ = write!(out, "{}@", enc(u));
     }
-    out.push_str(&pg_hosts(c).join(","));
+    let hosts: Vec<String> = pg_hosts(c).iter().map(|(h, p)| format!("{h}:{p}")).collect();
+    out.push_str(&hosts.join(","));
     if let Some(db) = c.get_dbname() {
         let _ = write!(out, "/{}", enc(db));
     }
     out
 }
 
-/// `host:port` for each host the configuration names.
+/// Each host the configuration names (escaped; IPv6 in brackets) with its port.
 #[cfg(feature = "postgres")]
-fn pg_hosts(c: &tokio_postgres::Config) -> Vec<String> {
+fn pg_hosts(c: &tokio_postgres::Config) -> Vec<(String, u16)> {
     use tokio_postgres::config::Host;
-    let port = |i: usize| {
-        c.get_ports()
-            .get(i)
-            .or(c.get_ports().first())
-            .copied()
-            .unwrap_or(5432)
-    };
-    let mut hosts: Vec<String> = c
+    let ports = c.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let mut hosts: Vec<(String, u16)> = c
         .get_hosts()
         .iter()
         .enumerate()
-        .map(|(i, h)| match h {
-            Host::Tcp(h) if h.contains(':') => format!("[{}]:{}", utf8_percent_encode(h, IPV6), port(i)),
-            Host::Tcp(h) => format!("{}:{}", enc(h), port(i)),
-            #[cfg(unix)]
-            Host::Unix(p) => format!("{}:{}", utf8_percent_encode(&p.to_string_lossy(), PATH), port(i)),
+        .map(|(i, h)| {
+            let shown = match h {
+                Host::Tcp(h) if h.contains(':') => format!("[{}]", utf8_percent_encode(h, IPV6)),
+                Host::Tcp(h) => enc(h),
+                #[cfg(unix)]
+                Host::Unix(p) => utf8_percent_encode(&p.to_string_lossy(), PATH).to_string(),
+            };
+            (shown, port(i))
         })
         .collect();
     if hosts.is_empty() {
@@ -242,8 +241,8 @@ fn pg_hosts(c: &tokio_postgres::Config) -> Vec<String> {
             .iter()
             .enumerate()
             .map(|(i, a)| match a {
-                std::net::IpAddr::V6(a) => format!("[{a}]:{}", port(i)),
-                std::net::IpAddr::V4(a) => format!("{a}:{}", port(i)),
+                std::net::IpAddr::V6(a) => (format!("[{a}]"), port(i)),
+                std::net::IpAddr::V4(a) => (a.to_string(), port(i)),
             })
             .collect();
     }
@@ -261,7 +260,9 @@ fn describe_key_value(s: &str) -> Option<String> {
     let mut parts = Vec::new();
     let hosts = pg_hosts(&c);
     if !hosts.is_empty() {
-        parts.push(format!("host={}", hosts.join(",")));
+        let names: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
+        let ports: Vec<String> = hosts.iter().map(|(_, p)| p.to_string()).collect();
+        parts.push(format!("host={} port={}", names.join(","), ports.join(",")));
     }
     if let Some(u) = c.get_user() {
         parts.push(format!("user={}", enc(u)));
@@ -414,9 +415,11 @@ mod tests {
             ("u:secret@h/db", UNPARSEABLE),
             (
                 "host=h port=5 user=u password=secret dbname=d",
-                "host=h:5 user=u dbname=d",
+                "host=h port=5 user=u dbname=d",
             ),
-            ("host=h password='se cret' user=u", "host=h:5432 user=u"),
+            ("host=h password='se cret' user=u", "host=h port=5432 user=u"),
+            ("host=a,b port=1 sslpassword=secret", UNPARSEABLE),
+            ("host=a,b port=1 password=secret", "host=a,b port=1,1"),
             ("host=h password=se cret", UNPARSEABLE),
             ("secret", UNPARSEABLE),
             ("", UNPARSEABLE),
