@@ -6,7 +6,10 @@ use tokio_postgres::config::SslMode;
 
 /// A plaintext tokio-postgres connection that the server lists under `app`.
 pub async fn pg_connect(url: &str, app: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let mut config: tokio_postgres::Config = url.parse().context("bad PostgreSQL URL")?;
+    // The driver's parse errors can quote parts of the URL: not shown.
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|_| anyhow::anyhow!("bad PostgreSQL URL {}", dbmutex::redact_url(url)))?;
     if config.get_ssl_mode() != SslMode::Disable {
         bail!(
             "raw connections are plaintext: use sslmode=disable (or leave sslmode out) \
@@ -28,7 +31,8 @@ pub async fn pg_connect(url: &str, app: &str) -> anyhow::Result<tokio_postgres::
 /// A MySQL / MariaDB connection (a plain `Conn`: pools reset connections,
 /// which would release user locks).
 pub async fn my_connect(url: &str) -> anyhow::Result<mysql_async::Conn> {
-    let opts = mysql_async::Opts::from_url(url).context("bad MySQL URL")?;
+    let opts = mysql_async::Opts::from_url(url)
+        .map_err(|_| anyhow::anyhow!("bad MySQL URL {}", dbmutex::redact_url(url)))?;
     mysql_async::Conn::new(opts)
         .await
         .with_context(|| format!("connecting to {}", dbmutex::redact_url(url)))

@@ -70,8 +70,30 @@ fn usage_error(e: &clap::Error) -> u8 {
             exit::USAGE
         }
         _ => {
-            eprint!("dbmutex: {}", e.render());
+            eprint!("dbmutex: {}", scrub_usage(e.render().to_string()));
             exit::USAGE
         }
     }
+}
+
+/// clap quotes the arguments it could not use (`invalid value '…' for
+/// '--timeout <SECONDS>'`, `unexpected argument '…'`). One that looks like
+/// a connection string (`://`, `password`, or `user:pass@host`) — a URL
+/// passed to the wrong flag, `--databse-url=…`
+/// — is shown as `dbmutex::redact_url` describes it, never as given.
+fn scrub_usage(mut text: String) -> String {
+    for arg in std::env::args_os().skip(1) {
+        let arg = arg.to_string_lossy().into_owned();
+        let value = arg.split_once('=').map(|(_, v)| v.to_owned());
+        for candidate in [Some(arg), value].into_iter().flatten() {
+            let lower = candidate.to_ascii_lowercase();
+            let suspect = candidate.contains("://")
+                || lower.contains("password")
+                || (candidate.contains('@') && candidate.contains(':'));
+            if suspect && text.contains(&candidate) {
+                text = text.replace(&candidate, &dbmutex::redact_url(&candidate));
+            }
+        }
+    }
+    text
 }

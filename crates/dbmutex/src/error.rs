@@ -9,14 +9,21 @@ use std::time::Duration;
 /// else holds the lock. [`Error::NotAcquired`] appears only where the caller
 /// asked for "not acquired" to be an error.
 ///
-/// No variant's `Display` or `Debug` contains a password.
+/// No variant's `Display` or `Debug`, nor any source's, contains a
+/// password: a connection string appears only as
+/// [`redact_url`](crate::redact_url) describes it (`postgres://user@host:port/db`,
+/// rebuilt from the driver's parse), drivers' complaints about a malformed
+/// string are reworded without the values they quote, and a URL the driver
+/// would misread (part of the password taken for the host or database) is
+/// refused with [`Error::Config`] before anything is sent.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock name cannot name a lock (empty, NUL byte, too long).
     #[error("invalid lock name: {0}")]
     InvalidName(String),
-    /// The URL or another setting is malformed.
+    /// The URL or another setting is malformed, or the URL is ambiguous
+    /// (the message says which characters to percent-encode).
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The backend cannot do what was asked; the message says what to use instead.

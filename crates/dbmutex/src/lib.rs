@@ -13,16 +13,18 @@ mod mysql;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod redact;
 mod wait;
 
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{LockName, Prefix};
 pub use locker::{
-    current_locks, redact_url, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
+    current_locks, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
     DEFAULT_MAX_LOCKS,
 };
 pub use options::{LockOptions, Mode, WaitStrategy};
+pub use redact::redact_url;
 
 /// The workspace README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]

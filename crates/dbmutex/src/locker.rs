@@ -217,48 +217,12 @@ enum Target {
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Target::Url(u) => write!(f, "Url({})", redact_url(u)),
+            // Described from parsed fields: never the string itself.
+            Target::Url(u) => write!(f, "Url({})", crate::redact::redact_url(u)),
             Target::Local(p) => write!(f, "Local({p:?})"),
             #[cfg(feature = "postgres")]
-            Target::PgConfig(_) => f.write_str("PgConfig(..)"),
+            Target::PgConfig(c) => write!(f, "PgConfig({})", crate::redact::describe_pg_config(c)),
         }
-    }
-}
-
-/// The URL with any password (user-info or `password=` parameter) replaced
-/// by `***`, for messages.
-pub fn redact_url(url: &str) -> String {
-    let url = redact_userinfo(url);
-    match url.find('?') {
-        Some(q) => {
-            let params: Vec<String> = url[q + 1..]
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect();
-            format!("{}?{}", &url[..q], params.join("&"))
-        }
-        None => url,
-    }
-}
-
-fn redact_userinfo(url: &str) -> String {
-    // Without a scheme, the whole text up to the first '/' may be user-info.
-    let scheme_end = url.find("://").map_or(0, |i| i + 3);
-    let rest = &url[scheme_end..];
-    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let auth = &rest[..auth_end];
-    match auth.rfind('@') {
-        Some(at) => {
-            let userinfo = &auth[..at];
-            match userinfo.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..scheme_end], &userinfo[..c], &rest[at..]),
-                None => url.to_owned(),
-            }
-        }
-        None => url.to_owned(),
     }
 }
 
@@ -353,6 +317,19 @@ impl LockerBuilder {
     pub async fn connect(self) -> Result<Locker> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // The target as `Target`'s Debug describes it: never the string itself.
+        let target = tracing::enabled!(tracing::Level::DEBUG).then(|| format!("{:?}", self.target));
+        if let Some(t) = &target {
+            tracing::debug!(target_db = %t, "dbmutex: connecting");
+        }
+        let r = self.connect_inner(id).await;
+        if let (Some(t), Err(e)) = (&target, &r) {
+            tracing::debug!(target_db = %t, error = %e, "dbmutex: connect failed");
+        }
+        r
+    }
+
+    async fn connect_inner(self, id: u64) -> Result<Locker> {
         let backend = match &self.target {
             Target::Local(dir) => {
                 Backend::Local(crate::local::LocalBackend::new(dir.clone(), &self.settings)?)
@@ -361,35 +338,37 @@ impl LockerBuilder {
             Target::PgConfig(config) => Backend::Postgres(Box::new(
                 crate::postgres::PgBackend::from_config((**config).clone(), &self.settings).await?,
             )),
-            Target::Url(url) => match url
-                .split_once("://")
-                .map(|(s, _)| s.to_ascii_lowercase())
-                .as_deref()
-            {
-                #[cfg(feature = "postgres")]
-                Some("postgres" | "postgresql") => Backend::Postgres(Box::new(
-                    crate::postgres::PgBackend::connect(url, &self.settings).await?,
-                )),
-                #[cfg(feature = "mysql")]
-                Some("mysql" | "mariadb") => {
-                    Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings, id).await?)
+            Target::Url(url) => {
+                // A URL the driver would misread is refused before anything
+                // connects: its password would reach the server as a host or
+                // database name (and come back in the server's error).
+                crate::redact::check(url)?;
+                match crate::redact::split_scheme(url) {
+                    #[cfg(feature = "postgres")]
+                    Some((s, _)) if s == "postgres" || s == "postgresql" => Backend::Postgres(Box::new(
+                        crate::postgres::PgBackend::connect(url, &self.settings).await?,
+                    )),
+                    #[cfg(feature = "mysql")]
+                    Some((s, _)) if s == "mysql" || s == "mariadb" => {
+                        Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings, id).await?)
+                    }
+                    Some((s, _)) if s == "file" => Backend::Local(crate::local::LocalBackend::new(
+                        Some(PathBuf::from(file_url_path(url)?)),
+                        &self.settings,
+                    )?),
+                    Some((s, _)) => {
+                        return Err(Error::Config(format!(
+                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                        )))
+                    }
+                    None => {
+                        return Err(Error::Config(format!(
+                            "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
+                            crate::redact::redact_url(url)
+                        )))
+                    }
                 }
-                Some("file") => Backend::Local(crate::local::LocalBackend::new(
-                    Some(PathBuf::from(file_url_path(url)?)),
-                    &self.settings,
-                )?),
-                Some(s) => {
-                    return Err(Error::Config(format!(
-                        "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
-                    )))
-                }
-                None => {
-                    return Err(Error::Config(format!(
-                        "not a URL: {:?} (expected postgres://, mysql://, mariadb:// or file://)",
-                        redact_url(url)
-                    )))
-                }
-            },
+            }
         };
         Ok(Locker {
             inner: Arc::new(Inner {
@@ -639,14 +618,14 @@ impl Locker {
 }
 
 /// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
-/// with `%XX` escapes decoded.
-fn file_url_path(url: &str) -> Result<String> {
-    let rest = &url["file://".len()..];
+/// with `%XX` escapes decoded. Errors do not quote the URL.
+pub(crate) fn file_url_path(url: &str) -> Result<String> {
+    let rest = url.get("file://".len()..).unwrap_or_default();
     let rest = rest.strip_prefix("localhost").unwrap_or(rest);
     if !rest.starts_with('/') {
-        return Err(Error::Config(format!(
-            "file URL {url:?} must name an absolute path: file:///path/to/lock/dir"
-        )));
+        return Err(Error::Config(
+            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
+        ));
     }
     let bytes = rest.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -663,7 +642,7 @@ fn file_url_path(url: &str) -> Result<String> {
         out.push(bytes[i]);
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| Error::Config(format!("file URL {url:?} is not UTF-8 once decoded")))
+    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
 }
 
 /// Undoes a cap reservation unless forgotten.
@@ -677,8 +656,6 @@ impl Drop for Reservation<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
-
     #[test]
     fn file_urls() {
         use super::file_url_path;
@@ -688,21 +665,5 @@ mod tests {
         assert_eq!(file_url_path("file:///tmp/100%").unwrap(), "/tmp/100%");
         assert_eq!(file_url_path("file:///tmp/%é").unwrap(), "/tmp/%é");
         assert!(file_url_path("file://relative").is_err());
-    }
-
-    #[test]
-    fn redaction() {
-        assert_eq!(redact_url("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-        assert_eq!(
-            redact_url("mysql://u:p@ss@h:3306/db?x=1"),
-            "mysql://u:***@h:3306/db?x=1"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("u:secret@h/db"), "u:***@h/db");
-        assert_eq!(redact_url("POSTGRES://u:secret@h"), "POSTGRES://u:***@h");
-        assert_eq!(
-            redact_url("postgres://h/db?sslmode=require&password=x"),
-            "postgres://h/db?sslmode=require&password=***"
-        );
     }
 }

@@ -1,5 +1,6 @@
-//! Security (issue #6): passwords never reach errors, logs or `Debug`;
-//! introspection shows only what the connecting role may see.
+//! Security (issues #6 and #9 item 8): passwords never reach errors, logs or
+//! `Debug`, whatever characters they hold; introspection shows only what the
+//! connecting role may see.
 //!
 //! The log check installs a small capturing `tracing` subscriber for this
 //! test binary (no extra dependency) that records every event and span field.
@@ -94,9 +95,8 @@ async fn passwords_never_reach_errors_logs_or_debug() {
         format!("postgres://127.0.0.1:5432/test?password={SECRET}&bogus=1"),
         format!("postgres://postgres:{SECRET}@[::1"),
         format!("nosuch://u:{SECRET}@h/db"),
-        // Not covered: a URL without `scheme://` ("u:secret@h/db") is shown
-        // unredacted by `LockerBuilder`'s Debug and the "not a URL" error
-        // (RELIABILITY.md, open defects).
+        format!("u:{SECRET}@h/db"),
+        format!("host=127.0.0.1 port=5432 user=postgres password={SECRET} dbname=test"),
     ] {
         let b = Locker::builder(&bad).connect_timeout(Duration::from_secs(2));
         texts.push(format!("{b:?}"));
@@ -201,4 +201,323 @@ async fn introspection_shows_only_what_the_role_may_see() {
     }
     g1.release().await.unwrap();
     g2.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// Hostile passwords (issue 9, item 8)
+
+/// A small deterministic generator (xorshift64*): the same cases every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// What goes between a password's marker tokens: every URL and key=value
+/// delimiter, percent-encoded forms (valid and not), quotes, spaces,
+/// non-ASCII, and fragments that look like the rest of a URL.
+const PIECES: &[&str] = &[
+    "/",
+    "?",
+    "#",
+    "@",
+    ":",
+    "&",
+    "=",
+    "%",
+    "+",
+    ";",
+    ",",
+    " ",
+    "'",
+    "\"",
+    "\\",
+    "%2F",
+    "%2f",
+    "%40",
+    "%3F",
+    "%23",
+    "%25",
+    "%20",
+    "%zz",
+    "%",
+    "ü",
+    "€",
+    "🔑",
+    "\u{a0}",
+    "  ",
+    "@127.0.0.1:5432/",
+    "?sslmode=",
+    "&password=",
+    "&sslmode=",
+    "&sslrootcert=",
+    "/test?",
+    "#frag",
+    "password=",
+    "'--",
+    "\\'",
+    "=\"",
+    "`",
+    "$(",
+    "<",
+    ">",
+    "[",
+    "]",
+    "{",
+    "}",
+    "|",
+    "^",
+    "~",
+    "*",
+];
+
+/// A hostile password and the texts that must never appear in output: the
+/// password, its percent-encoded form, and every marker token in it (whole,
+/// and its first and last 6 characters), so that a leak of any fragment
+/// between two delimiters is caught.
+struct Secret {
+    text: String,
+    needles: Vec<String>,
+}
+
+fn token(case: usize, i: usize) -> String {
+    format!("Sx{case:04}{}Yq", (b'a' + i as u8) as char)
+}
+
+fn secret(text: String, tokens: &[String]) -> Secret {
+    let mut needles = vec![text.clone(), pct(&text)];
+    for t in tokens {
+        needles.push(t.clone());
+        needles.push(t[..6].to_owned());
+        needles.push(t[t.len() - 6..].to_owned());
+    }
+    Secret { text, needles }
+}
+
+/// Fixed shapes first (the ones seen leaking), then random ones.
+fn hostile_passwords(random: usize) -> Vec<Secret> {
+    let shapes = [
+        "pa/{t}",
+        "pa?{t}",
+        "pa#{t}",
+        "pa@{t}",
+        "{t}:x",
+        "5432/{t}",
+        "pa%2F{t}",
+        "pa%40{t}",
+        "pa%3F{t}",
+        "p a ss {t}",
+        "'{t}\"",
+        "\\{t}\\",
+        "{t}€ü🔑",
+        "x&password={t}",
+        "x?sslmode={t}",
+        "x&sslmode={t}",
+        "x&sslrootcert={t}",
+        "@127.0.0.1:5432/{t}",
+        "{t}@127.0.0.1:5432/test?x=",
+        "{t}",
+    ];
+    let mut out: Vec<Secret> = shapes
+        .iter()
+        .enumerate()
+        .map(|(case, shape)| {
+            let t = token(case, 0);
+            secret(shape.replace("{t}", &t), &[t])
+        })
+        .collect();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for case in shapes.len()..shapes.len() + random {
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        for i in 0..1 + rng.below(4) {
+            if i > 0 || rng.below(2) == 0 {
+                for _ in 0..1 + rng.below(3) {
+                    text.push_str(PIECES[rng.below(PIECES.len())]);
+                }
+            }
+            let t = token(case, i);
+            text.push_str(&t);
+            tokens.push(t);
+        }
+        if rng.below(2) == 0 {
+            text.push_str(PIECES[rng.below(PIECES.len())]);
+        }
+        out.push(secret(text, &tokens));
+    }
+    out
+}
+
+/// Percent-encodes everything but ASCII letters and digits.
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `host:port` of a test URL (`scheme://user@host:port/db`).
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").expect("a URL").1;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap().to_owned()
+}
+
+/// Every way a password can be written into a connection string, for a
+/// PostgreSQL and a MySQL server at these addresses.
+fn connection_strings(p: &str, pg: &str, my: &str) -> Vec<String> {
+    let e = pct(p);
+    // libpq key=value quoting: backslash and quote escaped.
+    let kv = p.replace('\\', "\\\\").replace('\'', "\\'");
+    let (pg_host, pg_port) = pg.rsplit_once(':').unwrap_or((pg, "5432"));
+    vec![
+        format!("postgres://postgres:{p}@{pg}/test"),
+        format!("postgresql://postgres:{e}@{pg}/test"),
+        format!("postgres://postgres@{pg}/test?password={p}"),
+        format!("postgres://postgres@{pg}/test?sslmode=disable&password={e}"),
+        format!("postgres://postgres@{pg}/test?PASSWORD={e}&sslpassword={e}"),
+        format!("host={pg_host} port={pg_port} user=postgres password='{kv}' dbname=test"),
+        format!("host={pg_host} port={pg_port} user=postgres password={p} dbname=test"),
+        format!("mysql://root:{p}@{my}/test"),
+        format!("mariadb://root:{e}@{my}/test"),
+        format!("mysql://root@{my}/test?password={e}&pass={e}"),
+        format!("mysql://root:{e}@{my}/test?pool_min={p}"),
+        format!("nosuch://u:{p}@{pg}/db"),
+        p.to_owned(),
+    ]
+}
+
+/// Everything a caller can print about an error: Display, Debug (both
+/// forms), and each source's Display and Debug.
+fn error_texts(err: &dbmutex::Error) -> Vec<String> {
+    let mut texts = vec![err.to_string(), format!("{err:?}"), format!("{err:#?}")];
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        texts.push(format!("{s:?}"));
+        source = s.source();
+    }
+    texts
+}
+
+fn assert_no_leak(secret: &Secret, what: &str, texts: &[String]) -> usize {
+    for t in texts {
+        for n in &secret.needles {
+            assert!(
+                !t.contains(n.as_str()),
+                "{what}: the password {:?} leaked ({n:?}) in:\n{t}",
+                secret.text
+            );
+        }
+    }
+    texts.len()
+}
+
+/// Hostile passwords through every library output path, against a closed
+/// port (connection refused) and the real servers (PostgreSQL trusts
+/// loopback, so a password is ignored and the locker connects; MariaDB
+/// refuses root with a wrong password).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_passwords_never_leak() {
+    let cap = capture();
+    let secrets = hostile_passwords(40);
+    let real_pg = host_port(&common::pg_url());
+    let real_my = host_port(&common::mysql_url());
+    let targets = [
+        ("closed ports", "127.0.0.1:1".to_owned(), "127.0.0.1:1".to_owned()),
+        ("real servers", real_pg, real_my),
+    ];
+    let (mut strings, mut checked, mut connected, mut refused_config) = (0, 0, 0, 0);
+    for (label, pg, my) in &targets {
+        for (i, s) in secrets.iter().enumerate() {
+            for url in connection_strings(&s.text, pg, my) {
+                strings += 1;
+                let what = format!("{label}, {url:?}");
+                let mut texts = vec![dbmutex::redact_url(&url)];
+                let builder = Locker::builder(&url).connect_timeout(Duration::from_secs(3));
+                texts.push(format!("{builder:?}"));
+                texts.push(format!("{builder:#?}"));
+                match builder.connect().await {
+                    Err(err) => {
+                        if matches!(err, dbmutex::Error::Config(_)) {
+                            refused_config += 1;
+                        }
+                        texts.extend(error_texts(&err));
+                    }
+                    Ok(locker) => {
+                        connected += 1;
+                        texts.push(format!("{locker:?}"));
+                        // A few full cycles (lock, introspect, release) with
+                        // each kind of string that connects.
+                        if i % 8 == 0 {
+                            let name = unique("sec-hostile");
+                            let g = locker.lock(name.as_str()).await.expect("lock");
+                            texts.push(format!("{g:?}"));
+                            texts.push(format!(
+                                "{:?}",
+                                locker.holders(name.as_str()).await.expect("holders")
+                            ));
+                            for l in locker.list().await.expect("list") {
+                                texts.push(format!("{l:?}"));
+                            }
+                            g.release().await.expect("release");
+                        }
+                    }
+                }
+                checked += assert_no_leak(s, &what, &texts);
+            }
+            // A tokio-postgres Config handed over as is.
+            let mut config = tokio_postgres::Config::new();
+            config
+                .user("postgres")
+                .password(s.text.as_bytes())
+                .host("127.0.0.1")
+                .port(1)
+                .dbname("test")
+                .options(format!("-c application_name={}", pct(&s.text)));
+            let builder = Locker::pg_config_builder(config).connect_timeout(Duration::from_secs(3));
+            let mut texts = vec![format!("{builder:?}"), format!("{builder:#?}")];
+            if let Err(err) = builder.connect().await {
+                texts.extend(error_texts(&err));
+            }
+            strings += 1;
+            checked += assert_no_leak(s, "pg_config_builder", &texts);
+            if label == &"real servers" && i % 10 == 0 {
+                // Keep MariaDB's failed-connection counter for 127.0.0.1
+                // far from max_connect_errors: a good login resets it.
+                drop(Backend::Mysql.locker().await);
+            }
+        }
+    }
+    // Give dropped lockers' background tasks a moment to log their ends.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let logs = cap.0.lock().unwrap().clone();
+    for s in &secrets {
+        assert_no_leak(s, "tracing output", std::slice::from_ref(&logs));
+    }
+    assert!(
+        logs.contains("dbmutex: connecting") && logs.contains("dbmutex: connect failed"),
+        "the capture saw the connect events"
+    );
+    assert!(connected > 0, "some strings reached the real PostgreSQL server");
+    assert!(refused_config > 0, "some strings were refused as malformed");
+    eprintln!(
+        "hostile passwords: {} passwords, {strings} connection strings, {checked} texts checked \
+         ({connected} connected, {refused_config} refused as malformed), plus {} bytes of tracing output",
+        secrets.len(),
+        logs.len()
+    );
 }

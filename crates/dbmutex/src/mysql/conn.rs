@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
-use crate::locker::{redact_url, Settings};
+use crate::locker::Settings;
+use crate::redact::{mysql_reason, redact_url};
 use crate::{Error, Result};
 
 /// What `Queryable` methods return.
@@ -53,7 +54,7 @@ impl Connector {
             None => url.to_owned(),
         };
         let opts = Opts::from_url(&mysql_url)
-            .map_err(|e| Error::Config(format!("bad MySQL URL {}: {e}", redact_url(url))))?;
+            .map_err(|e| Error::Config(format!("bad MySQL URL {}: {}", redact_url(url), mysql_reason(&e))))?;
         let query = url.split_once('?').map_or("", |(_, q)| q);
         let has_param = |p: &str| query.split('&').any(|kv| kv.split('=').next() == Some(p));
         let mut builder =

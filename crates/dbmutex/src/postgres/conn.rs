@@ -9,7 +9,8 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
 
 use super::sql::{self, Call};
 use crate::key::PgKey;
-use crate::locker::{redact_url, Settings};
+use crate::locker::Settings;
+use crate::redact::{pg_reason, redact_url};
 use crate::{Error, Result};
 use crate::{LockName, Mode};
 
@@ -54,10 +55,11 @@ impl Connector {
             "disable" | "allow" => None,
             "prefer" | "require" => Some(false),
             "verify-ca" | "verify-full" => Some(true),
-            other => {
-                return Err(Error::Config(format!(
-                    "sslmode={other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-                )))
+            // The value is not quoted: it may be the tail of a password.
+            _ => {
+                return Err(Error::Config(
+                    "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full".into(),
+                ))
             }
         };
         let pg_mode = match sslmode.as_str() {
@@ -74,7 +76,11 @@ impl Connector {
         });
         let rebuilt = format!("{base}?{}", kept.join("&"));
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
-            Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url)))
+            Error::Config(format!(
+                "bad PostgreSQL URL {}: {}",
+                redact_url(url),
+                pg_reason(&e)
+            ))
         })?;
         let tls = match verify {
             None => Tls::Off,
@@ -194,12 +200,12 @@ fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
             Some(path) => {
                 use rustls::pki_types::pem::PemObject;
                 let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-                    .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                    .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                 for c in certs {
-                    let c = c.map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                    let c = c.map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                     roots
                         .add(c)
-                        .map_err(|e| Error::Config(format!("sslrootcert {path:?}: {e}")))?;
+                        .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                 }
             }
             None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
