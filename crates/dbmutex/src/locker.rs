@@ -615,6 +615,11 @@ impl Locker {
         let name = name.into();
         name.validate()?;
         let prefix = &self.inner.settings.prefix;
+        // MySQL's lock strings depend on the server (MariaDB or MySQL).
+        #[cfg(feature = "mysql")]
+        if let Backend::Mysql(b) = &self.inner.backend {
+            return b.key_of(&name, prefix);
+        }
         match self.backend() {
             BackendKind::Postgres => Ok(crate::key::pg_key(&name, prefix).to_string()),
             BackendKind::Mysql => crate::key::mysql_lock_string(&name, prefix),
