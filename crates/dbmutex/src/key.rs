@@ -407,7 +407,11 @@ pub fn mysql_lock_string(name: &LockName, prefix: &Prefix) -> Result<String, Err
 /// let mysql = mysql_lock_string_for(&name.as_str().into(), &Prefix::none(), MysqlFlavour::Mysql).unwrap();
 /// assert_eq!(mysql.chars().count(), 64);
 /// ```
-pub fn mysql_lock_string_for(name: &LockName, prefix: &Prefix, flavour: MysqlFlavour) -> Result<String, Error> {
+pub fn mysql_lock_string_for(
+    name: &LockName,
+    prefix: &Prefix,
+    flavour: MysqlFlavour,
+) -> Result<String, Error> {
     let full = format!("{}{}", prefix.text(), text_of(name)?);
     if flavour.accepts(&full) {
         return Ok(full);
@@ -439,7 +443,8 @@ pub(crate) fn mysql_looks_mapped(lock: &str) -> bool {
     };
     let hex = hash.len() == 16 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     let n = head.chars().count();
-    hex && (n == 47 || (n < 47 && head.len() >= MYSQL_MAX_BYTES - 17 - 3 && head.len() <= MYSQL_MAX_BYTES - 17))
+    hex && (n == 47
+        || (n < 47 && head.len() >= MYSQL_MAX_BYTES - 17 - 3 && head.len() <= MYSQL_MAX_BYTES - 17))
 }
 
 /// The lock-file name (no directory) for `name` under `prefix` on the local backend.
@@ -615,23 +620,45 @@ mod tests {
             format!("app:{name}")
         );
         // The old entry point is the MySQL mapping.
-        assert_eq!(mysql_lock_string(&a(65).as_str().into(), &none).unwrap(), on(&a(65), Mysql));
+        assert_eq!(
+            mysql_lock_string(&a(65).as_str().into(), &none).unwrap(),
+            on(&a(65), Mysql)
+        );
     }
 
     #[test]
     fn flavours_from_version_strings() {
-        assert_eq!(MysqlFlavour::from_version("10.11.19-MariaDB-0+deb12u1"), MysqlFlavour::MariaDb);
-        assert_eq!(MysqlFlavour::from_version("5.5.5-10.6.4-MariaDB-log"), MysqlFlavour::MariaDb);
+        assert_eq!(
+            MysqlFlavour::from_version("10.11.19-MariaDB-0+deb12u1"),
+            MysqlFlavour::MariaDb
+        );
+        assert_eq!(
+            MysqlFlavour::from_version("5.5.5-10.6.4-MariaDB-log"),
+            MysqlFlavour::MariaDb
+        );
         assert_eq!(MysqlFlavour::from_version("8.0.36"), MysqlFlavour::Mysql);
-        assert_eq!(MysqlFlavour::from_version("8.4.0-commercial"), MysqlFlavour::Mysql);
+        assert_eq!(
+            MysqlFlavour::from_version("8.4.0-commercial"),
+            MysqlFlavour::Mysql
+        );
     }
 
     #[test]
     fn mapped_strings_are_recognised() {
-        for full in ["a".repeat(193), "é".repeat(97), "😀".repeat(49), format!("x{}", "😀".repeat(60))] {
+        for full in [
+            "a".repeat(193),
+            "é".repeat(97),
+            "😀".repeat(49),
+            format!("x{}", "😀".repeat(60)),
+        ] {
             assert!(mysql_looks_mapped(&mysql_mapped(&full)), "{full:?}");
         }
-        for plain in ["report", "a#0123456789abcdef", &"a".repeat(100), &format!("{}#{}", "a".repeat(47), "XYZ")] {
+        for plain in [
+            "report",
+            "a#0123456789abcdef",
+            &"a".repeat(100),
+            &format!("{}#{}", "a".repeat(47), "XYZ"),
+        ] {
             assert!(!mysql_looks_mapped(plain), "{plain:?}");
         }
     }
