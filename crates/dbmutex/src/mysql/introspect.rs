@@ -124,9 +124,9 @@ pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<V
 /// `?`, and cut to 64 characters.
 pub(super) fn as_listed(lock: &str) -> String {
     lock.chars()
-        .flat_map(|c| {
-            let n = if c.len_utf8() == 4 { 4 } else { 1 };
-            std::iter::repeat(if n == 4 { '?' } else { c }).take(n)
+        .flat_map(|c| match c.len_utf8() {
+            4 => std::iter::repeat_n('?', 4),
+            _ => std::iter::repeat_n(c, 1),
         })
         .take(crate::key::MYSQL_MAX_CHARS)
         .collect()
