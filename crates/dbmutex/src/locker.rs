@@ -297,12 +297,18 @@ impl LockerBuilder {
     /// How soon a silently dead connection is noticed (default 1 s). A
     /// connection the server or the kernel closes (server restart,
     /// `pg_terminate_backend`, `KILL`, killed process) is reported lost at
-    /// once. A silent failure (partition, hung server) is noticed on
+    /// once on PostgreSQL. On MySQL/MariaDB the client only learns of it
+    /// from the server: every 50 ms (or every `keepalive`, if shorter) one
+    /// statement checks that the server still shows every held lock on its
+    /// session — a `KILL` of the holder measured `lost()` p50 ≈ 32 ms, p99
+    /// 51–85 ms — and a failed ping on the next `keepalive` catches the rest.
+    /// A silent failure (partition, hung server) is noticed on
     /// PostgreSQL's lock session by a `SELECT 1` sent after `keepalive` of
     /// quiet and answered within `max(keepalive, 500 ms)` — so within about
     /// twice `keepalive` — and on its dedicated connections by TCP keepalive
     /// (`max(keepalive, 1 s)` idle and interval); on MySQL by a ping every
-    /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`).
+    /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`; measured
+    /// 2.0–2.9 s at the default 1 s).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
         self

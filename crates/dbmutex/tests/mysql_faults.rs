@@ -177,6 +177,33 @@ async fn kill_among_many_held_locks_reports_only_that_one() {
     }
 }
 
+/// A session holding a lock and a nested one (taken inside a scoped call,
+/// on the same session): a `KILL` reports both lost within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_of_a_session_with_nested_locks_reports_both() {
+    let a = locker().await;
+    let (outer, inner) = (unique("outer"), unique("inner"));
+    let r = a
+        .with_lock_or_err(outer.as_str(), &dbmutex::LockOptions::new(), || async {
+            let g = a.lock(inner.as_str()).await.unwrap();
+            let mut raw = mysql_raw().await;
+            let outer_pid = used_by(&mut raw, &a.key_of(outer.as_str()).unwrap()).await;
+            let inner_pid = used_by(&mut raw, &a.key_of(inner.as_str()).unwrap()).await;
+            assert_eq!(outer_pid, inner_pid, "nested on the enclosing session");
+            let t = Instant::now();
+            raw.query_drop(format!("KILL {}", inner_pid.unwrap()))
+                .await
+                .unwrap();
+            let took = lost_after(&g, t, Duration::from_secs(3)).await;
+            eprintln!("KILL → nested lost() {took:?}");
+            assert!(took <= Duration::from_millis(400), "{took:?}");
+            assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+        })
+        .await;
+    // The scoped call learns that its own lock went with the session.
+    assert!(matches!(r, Err(Error::LockLost { .. }) | Ok(())), "{r:?}");
+}
+
 /// The loss check never reports a lock lost that was only released:
 /// several tasks take and release locks (plain and nested) as fast as they
 /// can while the check runs every 50 ms; no guard may see a loss.
