@@ -101,7 +101,8 @@
 //!   trials);
 //!   a contender waiting in `GET_LOCK` got the lock ≈ 1 ms after the `KILL`,
 //!   so the two overlap for that long. Cost: one statement per check period
-//!   while any lock is held (per 512 locks), nothing while none is.
+//!   (per 512 locks) and one more connection (from the idle list) while any
+//!   lock is held; nothing while none is.
 //! - **A ping on each lock session every `keepalive`**: when it fails or
 //!   gets no answer within `max(2 × keepalive, 2 s)`, the connection is
 //!   closed and its locks reported lost. This is what notices a silent
