@@ -470,3 +470,171 @@ async fn list_installing_plugin(l: &Locker) -> Vec<dbmutex::ListedLock> {
         Err(e) => panic!("{e:?}"),
     }
 }
+
+/// A private MariaDB server in a temporary directory on a free loopback
+/// port, for faults the shared server must never see (a restart). Panics
+/// loudly when the server binaries are missing.
+struct PrivateServer {
+    dir: std::path::PathBuf,
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+fn find_binary(names: &[&str]) -> std::path::PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let dirs = path
+        .split(':')
+        .chain(["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]);
+    for d in dirs {
+        for n in names {
+            let p = std::path::Path::new(d).join(n);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!("{names:?} not found: install the MariaDB server (Debian: mariadb-server) to run this test");
+}
+
+impl PrivateServer {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!("dbmutex-private-mariadb-{}", unique("srv")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let install = find_binary(&["mariadb-install-db", "mysql_install_db"]);
+        let out = std::process::Command::new(install)
+            .args([
+                "--no-defaults",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mariadb-install-db: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut s = PrivateServer {
+            dir,
+            port,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
+        let child = std::process::Command::new(find_binary(&["mariadbd", "mysqld"]))
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", self.dir.join("data").display()))
+            .arg(format!("--socket={}", self.dir.join("sock").display()))
+            .arg(format!("--pid-file={}", self.dir.join("pid").display()))
+            .args(["--user=root", "--bind-address=127.0.0.1", "--skip-name-resolve"])
+            .arg(format!("--port={}", self.port))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/mysql", self.port)
+    }
+
+    async fn wait_ready(&self) {
+        let opts = mysql_async::Opts::from_url(&self.url()).unwrap();
+        for _ in 0..300 {
+            if let Ok(c) = Conn::new(opts.clone()).await {
+                drop(c.disconnect().await);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "the private MariaDB on port {} did not start: {}",
+            self.port,
+            std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+        );
+    }
+
+    /// Stops the server: `graceful` with SIGTERM (a shutdown), else SIGKILL
+    /// (a crash). Waits until the process is gone.
+    fn stop(&mut self, graceful: bool) {
+        let mut child = self.child.take().expect("running");
+        if graceful {
+            let st = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        } else {
+            child.kill().unwrap();
+        }
+        child.wait().unwrap();
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A server restart — a shutdown or a crash of the server process — is
+/// reported within the same bound as a `KILL`: the loss check cannot reach
+/// the server and has every lock session ping at once; their sockets are
+/// closed, so the pings fail at once. After the restart the same locker
+/// takes locks again. On a private server (the shared one is never
+/// restarted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_reported_quickly() {
+    const TRIALS: usize = 6;
+    let mut server = PrivateServer::start();
+    server.wait_ready().await;
+    let a = connect(Locker::builder(&server.url())).await;
+    let mut took = Vec::new();
+    for i in 0..TRIALS {
+        let guards = [
+            a.lock(unique("restart-a").as_str()).await.unwrap(),
+            a.lock(unique("restart-b").as_str()).await.unwrap(),
+        ];
+        tokio::time::sleep(Duration::from_millis(fastrand_ms(300))).await;
+        let t = Instant::now();
+        server.stop(i % 2 == 0);
+        for g in &guards {
+            took.push(lost_after(g, t, Duration::from_secs(5)).await);
+        }
+        server.spawn();
+        server.wait_ready().await;
+        for g in guards {
+            assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+        }
+    }
+    // The same locker works again after the restarts.
+    let name = unique("after-restart");
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert!(g.is_held());
+    g.release().await.unwrap();
+    took.sort();
+    eprintln!(
+        "server restart → lost(), {} locks over {TRIALS} restarts (shutdown and crash alternating): p50 {:?}, max {:?}",
+        took.len(),
+        quantile(&took, 0.5),
+        took[took.len() - 1]
+    );
+    assert!(took.iter().all(|d| *d <= Duration::from_millis(400)), "{took:?}");
+    assert!(quantile(&took, 0.5) <= Duration::from_millis(150), "{took:?}");
+}

@@ -18,6 +18,10 @@
 //! sessions; each statement is bounded like a ping, and the pings on the lock
 //! sessions still notice the partition (see the module docs).
 //!
+//! When the check cannot reach the server (a restart, a crash), it asks
+//! every lock session to ping now instead of at the end of its keepalive
+//! period: a socket the server closed fails the ping at once.
+//!
 //! No false alarms from releases: an answer about a lock counts only if the
 //! lock is still registered, with the same registration, after the answer
 //! arrived — and a release unregisters the lock before it sends
@@ -76,13 +80,24 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
         }
         // One retry at once on a fresh connection: the check's own
         // connection may have been killed.
+        let mut checked = false;
         for _ in 0..2 {
             match check_once(&s, &mut conn, &seen, keepalive).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    checked = true;
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "dbmutex: MySQL loss check failed");
                     conn = None;
                 }
+            }
+        }
+        if !checked {
+            // The server may be gone (restart, crash): then every lock
+            // session's socket is closed, and a ping says so at once.
+            for x in &seen {
+                x.lc.poke();
             }
         }
     }

@@ -35,6 +35,8 @@ pub(super) struct LockConn {
     /// A nested acquisition is using the session.
     busy: AtomicBool,
     stop: Notify,
+    /// Asks the watcher to ping now rather than at the end of its period.
+    poke: Notify,
 }
 
 impl LockConn {
@@ -48,6 +50,7 @@ impl LockConn {
             held: AtomicUsize::new(1),
             busy: AtomicBool::new(false),
             stop: Notify::new(),
+            poke: Notify::new(),
         });
         drop(shared.runtime.spawn(watch_conn(
             shared.clone(),
@@ -71,6 +74,13 @@ impl LockConn {
 
     pub(super) fn is_lost(&self) -> bool {
         *self.lost.borrow()
+    }
+
+    /// Pings the session now: the loss check could not reach the server, so
+    /// the session may be gone too (a server restart closes every socket,
+    /// and a ping on a closed socket fails at once).
+    pub(super) fn poke(&self) {
+        self.poke.notify_one();
     }
 
     /// The server says this session no longer holds one of its locks (the
@@ -345,6 +355,7 @@ async fn watch_conn(shared: Arc<Shared>, lc: Arc<LockConn>, keepalive: Duration,
         tokio::select! {
             () = tokio::time::sleep(keepalive) => {}
             () = lc.stop.notified() => return,
+            () = lc.poke.notified() => {}
         }
         let mut slot = lc.conn.lock().await;
         let Some(conn) = slot.as_mut() else { return };
