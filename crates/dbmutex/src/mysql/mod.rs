@@ -100,7 +100,10 @@
 //!   of the holder → `lost()` p50 ≈ 32 ms, p99 51–85 ms (five runs of 30
 //!   trials);
 //!   a contender waiting in `GET_LOCK` got the lock ≈ 1 ms after the `KILL`,
-//!   so the two overlap for that long. Cost: one statement per check period
+//!   so the two overlap for that long. When the check cannot reach the
+//!   server (a restart or crash closes every session), every lock session
+//!   pings at once; a closed socket fails the ping: restart → `lost()`
+//!   measured p50 25–51 ms, max 210 ms (private server, 36 locks). Cost: one statement per check period
 //!   (per 512 locks) and one more connection (from the idle list) while any
 //!   lock is held; nothing while none is.
 //! - **A ping on each lock session every `keepalive`**: when it fails or
