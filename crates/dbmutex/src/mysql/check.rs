@@ -40,6 +40,9 @@ use super::{answer_bound, Shared};
 /// The longest time between two checks (shorter when `keepalive` is).
 pub(super) const CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Failed checks in a row before the check backs off.
+const FAST_FAILURES: u32 = 5;
+
 /// The most lock strings one statement asks about.
 const BATCH: usize = 512;
 
@@ -57,8 +60,16 @@ struct Seen {
 
 /// The check's task: parks while nothing is held, ends when the backend is
 /// dropped.
+///
+/// While the server cannot be reached, every failed check pokes the lock
+/// sessions (a ping each); after [`FAST_FAILURES`] failures in a row the
+/// check backs off, doubling its pause up to `keepalive`, so a server that
+/// refuses connections (down, or at `max_connections`) is not hammered
+/// with connection attempts and pings.
 pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration, keepalive: Duration) {
     let mut conn: Option<Conn> = None;
+    let mut pause = every;
+    let mut failures = 0u32;
     loop {
         let Some(idle) = shared.upgrade().map(|s| s.held_is_empty()) else {
             return;
@@ -69,19 +80,22 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
             if let (Some(c), Some(s)) = (conn.take(), shared.upgrade()) {
                 s.connector.checkin(c);
             }
+            pause = every;
+            failures = 0;
             wake.notified().await;
             continue;
         }
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(pause).await;
         let Some(s) = shared.upgrade() else { return };
         let seen = snapshot(&s);
         if seen.is_empty() {
             continue;
         }
-        // One retry at once on a fresh connection: the check's own
-        // connection may have been killed.
+        // One retry at once on a fresh connection when the check's own
+        // connection failed: it may have been killed.
         let mut checked = false;
         for _ in 0..2 {
+            let had_conn = conn.is_some();
             match check_once(&s, &mut conn, &seen, keepalive).await {
                 Ok(()) => {
                     checked = true;
@@ -90,15 +104,27 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
                 Err(e) => {
                     tracing::debug!(error = %e, "dbmutex: MySQL loss check failed");
                     conn = None;
+                    if !had_conn {
+                        break;
+                    }
                 }
             }
         }
-        if !checked {
-            // The server may be gone (restart, crash): then every lock
-            // session's socket is closed, and a ping says so at once.
-            for x in &seen {
-                x.lc.poke();
-            }
+        if checked {
+            pause = every;
+            failures = 0;
+            continue;
+        }
+        failures = failures.saturating_add(1);
+        if failures > FAST_FAILURES {
+            pause = pause.saturating_mul(2).min(keepalive.max(every));
+        }
+        // The server may be gone (restart, crash): then every lock session's
+        // socket is closed, and a ping says so at once. A graceful shutdown
+        // may close them a little after it stops taking connections, hence
+        // a poke after every failed check.
+        for x in &seen {
+            x.lc.poke();
         }
     }
 }
