@@ -437,6 +437,7 @@ fn mysql_mapped(full: &str) -> String {
 /// characters, or a shorter one that stopped at the 175-byte cap (then at
 /// least 172 bytes), then `#` and 16 lowercase hex digits. A name of that
 /// very shape passed unchanged looks the same; nothing else does.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn mysql_looks_mapped(lock: &str) -> bool {
     let Some((head, hash)) = lock.rsplit_once('#') else {
         return false;
