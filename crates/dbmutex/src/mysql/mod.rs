@@ -747,6 +747,9 @@ impl Nested {
                 Ok(Some(1)) => {
                     borrowed.give_back(true);
                     let held = MyHeld::new(shared.clone(), claim.lock_conn().clone(), lock, name, hold);
+                    // The session is free for the caller's next nested
+                    // acquisition before the caller hears of this one.
+                    drop(claim);
                     send(tx, Ok(Some(held)));
                     return;
                 }
@@ -756,6 +759,7 @@ impl Nested {
                         return;
                     }
                     if last {
+                        drop(claim);
                         send(tx, Ok(None));
                         return;
                     }
@@ -763,6 +767,7 @@ impl Nested {
                 Ok(None) => {
                     borrowed.give_back(false);
                     if !abandoned {
+                        drop(claim);
                         send(tx, Err(null_err(&lock)));
                     }
                     return;
@@ -771,6 +776,7 @@ impl Nested {
                     // The session keeps the locks it held (a deadlock
                     // victim too).
                     borrowed.give_back(false);
+                    drop(claim);
                     send(tx, Err(db_err(e, &name)));
                     return;
                 }
