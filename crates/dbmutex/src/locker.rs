@@ -301,7 +301,7 @@ impl LockerBuilder {
     /// from the server: every 50 ms (or every `keepalive`, if shorter) one
     /// statement checks that the server still shows every held lock on its
     /// session — a `KILL` of the holder measured `lost()` p50 ≈ 32 ms, p99
-    /// 49–86 ms; when that statement cannot reach the server (restart,
+    /// 49–114 ms; when that statement cannot reach the server (restart,
     /// crash), every lock session pings at once (restart measured p50
     /// 25–51 ms, max 210 ms) — and a ping every `keepalive` catches the rest.
     /// A silent failure (partition, hung server) is noticed on
