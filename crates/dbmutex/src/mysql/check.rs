@@ -207,3 +207,20 @@ async fn check_once(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_and_intervals() {
+        assert_eq!(statement(1), "SELECT IS_USED_LOCK(?)");
+        assert_eq!(
+            statement(3),
+            "SELECT IS_USED_LOCK(?), IS_USED_LOCK(?), IS_USED_LOCK(?)"
+        );
+        assert_eq!(statement(BATCH).matches('?').count(), BATCH);
+        assert_eq!(interval(Duration::from_secs(1)), CHECK_INTERVAL);
+        assert_eq!(interval(Duration::from_millis(10)), Duration::from_millis(10));
+    }
+}
