@@ -612,7 +612,8 @@ impl MyBackend {
             {
                 row.key = lock.clone();
                 row.name = Some(name.clone());
-            } else if introspect::maybe_cut(&row.key)
+            } else if row.name.is_some()
+                && introspect::maybe_cut(&row.key)
                 && !introspect::held_by(&self.shared.connector, &row.key, row.holder.pid).await?
             {
                 // The server showed a cut or altered string: its name is
