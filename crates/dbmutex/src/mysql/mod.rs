@@ -97,7 +97,7 @@
 //!   the server restarted — is reported lost at once, with every other lock
 //!   of that session, and the session is closed. Measured
 //!   (`tests/mysql_faults.rs`, MariaDB 10.11, loaded 2-core machine): `KILL`
-//!   of the holder → `lost()` p50 ≈ 32 ms, p99 49–114 ms (nine runs of 30
+//!   of the holder → `lost()` p50 ≈ 32 ms, p99 49–114 ms (eleven runs of 30
 //!   trials);
 //!   a contender waiting in `GET_LOCK` got the lock ≈ 1 ms after the `KILL`,
 //!   so the two overlap for that long. When the check cannot reach the
