@@ -75,7 +75,7 @@ pub enum Command {
     Status(StatusArgs),
     /// List the locks held on the server now.
     List(ListArgs),
-    /// Print the database keys NAME maps to on each backend.
+    /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for 65–192-byte names).
     Key(KeyArgs),
 }
 

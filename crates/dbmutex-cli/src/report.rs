@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use dbmutex::key::{local_file_name, mysql_lock_string, pg_key, PgKey};
+use dbmutex::key::{local_file_name, mysql_lock_string_for, pg_key, MysqlFlavour, PgKey};
 use dbmutex::{Holder, LockName, Prefix};
 use serde_json::{json, Map, Value};
 
@@ -87,7 +87,10 @@ pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
         None => Prefix::from_env(),
     };
     let pg = pg_key(&name, &prefix);
-    let mysql = mysql_lock_string(&name, &prefix)?;
+    // The lock string differs between the servers for names of 65–192
+    // bytes (MariaDB takes them as they are, as the gem sends them).
+    let mysql = mysql_lock_string_for(&name, &prefix, MysqlFlavour::Mysql)?;
+    let mariadb = mysql_lock_string_for(&name, &prefix, MysqlFlavour::MariaDb)?;
     let local = local_file_name(&name, &prefix)?;
     let out = if args.json {
         let pg_json = match pg {
@@ -99,10 +102,11 @@ pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
             "prefix": prefix.text(),
             "postgres": pg_json,
             "mysql": mysql,
+            "mariadb": mariadb,
             "local": local,
         }))
     } else {
-        format!("postgres {pg}\nmysql {mysql}\nlocal {local}\n")
+        format!("postgres {pg}\nmysql {mysql}\nlocal {local}\nmariadb {mariadb}\n")
     };
     print(&out)?;
     Ok(0)

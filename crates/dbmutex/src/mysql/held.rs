@@ -27,24 +27,30 @@ pub(super) struct LockConn {
     /// `None` once the session is gone or handed back for reuse.
     conn: Arc<tokio::sync::Mutex<Option<Conn>>>,
     id: u32,
+    /// The session's `CONNECTION_ID()`, as `IS_USED_LOCK` reports holders.
+    server_id: u64,
     lost: watch::Sender<bool>,
     /// Locks held on the session; changed only under `conn`'s mutex.
     held: AtomicUsize,
     /// A nested acquisition is using the session.
     busy: AtomicBool,
     stop: Notify,
+    /// Asks the watcher to ping now rather than at the end of its period.
+    poke: Notify,
 }
 
 impl LockConn {
     /// Wraps a connection that just took its first lock, and starts its watcher.
-    pub(super) fn start(shared: &Arc<Shared>, conn: Conn, keepalive: Duration) -> Arc<Self> {
+    pub(super) fn start(shared: &Arc<Shared>, conn: Conn, server_id: u64, keepalive: Duration) -> Arc<Self> {
         let lc = Arc::new(LockConn {
             id: conn.id(),
+            server_id,
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
             lost: watch::channel(false).0,
             held: AtomicUsize::new(1),
             busy: AtomicBool::new(false),
             stop: Notify::new(),
+            poke: Notify::new(),
         });
         drop(shared.runtime.spawn(watch_conn(
             shared.clone(),
@@ -60,8 +66,41 @@ impl LockConn {
         self.id
     }
 
+    /// The session's `CONNECTION_ID()`: what `IS_USED_LOCK` answers while
+    /// the session holds a lock.
+    pub(super) fn server_id(&self) -> u64 {
+        self.server_id
+    }
+
     pub(super) fn is_lost(&self) -> bool {
         *self.lost.borrow()
+    }
+
+    /// Pings the session now: the loss check could not reach the server, so
+    /// the session may be gone too (a server restart closes every socket,
+    /// and a ping on a closed socket fails at once).
+    pub(super) fn poke(&self) {
+        self.poke.notify_one();
+    }
+
+    /// The server says this session no longer holds one of its locks (the
+    /// session was killed, or reset): reports every lock of the session
+    /// lost at once, and makes sure the session ends — closed here if it is
+    /// idle, else killed from another connection — so that it cannot hold
+    /// anything the guards no longer claim.
+    pub(super) fn mark_lost(&self, shared: &Arc<Shared>) {
+        if self.lost.send_replace(true) {
+            return;
+        }
+        self.stop.notify_one();
+        tracing::warn!(
+            connection = self.id,
+            "dbmutex: the server no longer shows a MySQL lock on its session; the session's locks are lost"
+        );
+        match self.conn.try_lock() {
+            Ok(mut slot) => drop(slot.take()),
+            Err(_) => spawn_kill(shared, self.id),
+        }
     }
 
     /// Claims the session for one nested acquisition; `None` if another one
@@ -168,7 +207,7 @@ impl MyHeld {
         name: LockName,
         hold: Hold<String>,
     ) -> Self {
-        shared.remember(&lock, &lc);
+        shared.remember(&lock, &lc, &name);
         MyHeld {
             lost: lc.lost.subscribe(),
             state: Some(Release {
@@ -316,6 +355,7 @@ async fn watch_conn(shared: Arc<Shared>, lc: Arc<LockConn>, keepalive: Duration,
         tokio::select! {
             () = tokio::time::sleep(keepalive) => {}
             () = lc.stop.notified() => return,
+            () = lc.poke.notified() => {}
         }
         let mut slot = lc.conn.lock().await;
         let Some(conn) = slot.as_mut() else { return };

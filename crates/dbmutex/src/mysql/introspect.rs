@@ -5,7 +5,7 @@ use mysql_async::prelude::Queryable;
 
 use super::conn::{Connector, RunError};
 use super::run_err;
-use crate::key::{mysql_lock_string, Prefix};
+use crate::key::{mysql_looks_mapped, Prefix};
 use crate::locker::{Holder, ListedLock, Settings};
 use crate::{Error, LockName, Mode, Result};
 
@@ -56,8 +56,8 @@ fn holder(row: Row) -> Option<Holder> {
     })
 }
 
-pub(super) async fn is_locked(connector: &Connector, name: &LockName, settings: &Settings) -> Result<bool> {
-    let lock = mysql_lock_string(name, &settings.prefix)?;
+pub(super) async fn is_locked(connector: &Connector, name: &LockName, lock: &str) -> Result<bool> {
+    let lock = lock.to_owned();
     let row: Option<(Option<i64>,)> = connector
         .run(|c| c.exec_first("SELECT IS_USED_LOCK(?)", (lock.clone(),)))
         .await
@@ -65,12 +65,8 @@ pub(super) async fn is_locked(connector: &Connector, name: &LockName, settings: 
     Ok(row.and_then(|(id,)| id).is_some())
 }
 
-pub(super) async fn holders(
-    connector: &Connector,
-    name: &LockName,
-    settings: &Settings,
-) -> Result<Vec<Holder>> {
-    let lock = mysql_lock_string(name, &settings.prefix)?;
+pub(super) async fn holders(connector: &Connector, name: &LockName, lock: &str) -> Result<Vec<Holder>> {
+    let lock = lock.to_owned();
     let rows: Vec<Row> = connector
         .run(|c| c.exec(HOLDER_SQL, (lock.clone(),)))
         .await
@@ -123,19 +119,50 @@ pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<V
         .collect())
 }
 
-/// The name behind a lock string, when it can be known: the string minus
-/// the prefix. A string in the shape of a hashed long name (47 characters,
-/// `#`, 16 hex digits) is taken for one, so its name is unknown.
+/// A lock string as MariaDB's `METADATA_LOCK_INFO` shows it (measured on
+/// 10.11): read as `utf8mb3`, so each byte of a 4-byte character shows as
+/// `?`, and cut to 64 characters.
+pub(super) fn as_listed(lock: &str) -> String {
+    lock.chars()
+        .flat_map(|c| match c.len_utf8() {
+            4 => std::iter::repeat_n('?', 4),
+            _ => std::iter::repeat_n(c, 1),
+        })
+        .take(crate::key::MYSQL_MAX_CHARS)
+        .collect()
+}
+
+/// Whether a listed string may be cut short or altered by the listing
+/// (see [`as_listed`]), so that it must be checked before it counts as the
+/// lock string.
+pub(super) fn maybe_cut(listed: &str) -> bool {
+    listed.contains('?') || listed.chars().count() >= crate::key::MYSQL_MAX_CHARS
+}
+
+/// Whether `lock`, exactly, is held by session `id` now.
+pub(super) async fn held_by(connector: &Connector, lock: &str, id: i64) -> Result<bool> {
+    let lock = lock.to_owned();
+    let row: Option<(Option<i64>,)> = connector
+        .run(|c| c.exec_first("SELECT IS_USED_LOCK(?)", (lock.clone(),)))
+        .await
+        .map_err(|e| run_err(e, &LockName::Str("(list)".into())))?;
+    Ok(row.and_then(|(v,)| v) == Some(id))
+}
+
+/// The name behind a lock string, when it can be known from the string:
+/// the string minus the prefix. A string in the shape of a mapped long name
+/// (see [`mysql_looks_mapped`]: a head, `#`, 16 hex digits) is taken for
+/// one, so its name is unknown here; the backend fills in the names of the
+/// locks its own locker holds.
 fn name_of(key: &str, prefix: &Prefix) -> Option<String> {
-    let chars: Vec<char> = key.chars().collect();
-    let hashed = chars.len() == 64 && chars[47] == '#' && chars[48..].iter().all(char::is_ascii_hexdigit);
     let rest = key.strip_prefix(prefix.text())?;
-    (!hashed && !rest.is_empty()).then(|| rest.to_owned())
+    (!mysql_looks_mapped(key) && !rest.is_empty()).then(|| rest.to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::{mysql_lock_string_for, MysqlFlavour};
 
     #[test]
     fn names_from_lock_strings() {
@@ -144,12 +171,35 @@ mod tests {
         assert_eq!(name_of("other:report", &p), None);
         assert_eq!(name_of("app:", &p), None);
         let long = "n".repeat(100);
-        let key = mysql_lock_string(&long.as_str().into(), &p).unwrap();
-        assert_eq!(
-            name_of(&key, &p),
-            None,
-            "a hashed string does not reveal its name"
-        );
+        for flavour in [MysqlFlavour::MariaDb, MysqlFlavour::Mysql] {
+            let key = mysql_lock_string_for(&long.as_str().into(), &p, flavour).unwrap();
+            let want = (flavour == MysqlFlavour::MariaDb).then(|| long.clone());
+            assert_eq!(name_of(&key, &p), want, "{flavour:?}");
+        }
+        // A mapped string does not reveal its name — multi-byte heads too,
+        // which stop short of 47 characters.
+        for long in [
+            "n".repeat(300),
+            "ü".repeat(100),
+            "😀".repeat(60),
+            format!("a{}", "😀".repeat(60)),
+        ] {
+            let key = mysql_lock_string_for(&long.as_str().into(), &p, MysqlFlavour::MariaDb).unwrap();
+            assert_ne!(key, format!("app:{long}"));
+            assert_eq!(name_of(&key, &p), None, "{key:?}");
+        }
         assert_eq!(name_of("plain", &Prefix::none()).as_deref(), Some("plain"));
+    }
+
+    #[test]
+    fn listed_strings() {
+        assert_eq!(as_listed("report"), "report");
+        assert_eq!(as_listed("a😀ü"), "a????ü");
+        let long = "m".repeat(100);
+        assert_eq!(as_listed(&long), "m".repeat(64));
+        assert!(maybe_cut(&as_listed(&long)));
+        assert!(maybe_cut("a?b"));
+        assert!(!maybe_cut("report"));
+        assert!(!maybe_cut(&"m".repeat(63)));
     }
 }
