@@ -1,25 +1,33 @@
 //! PostgreSQL's shared lock table, full: a typed error naming the setting,
 //! and the locks already held stay held.
 //!
-//! A test binary of its own, with one test: while the table is full, every
-//! session's queries on the server fail, so nothing else may run meanwhile
-//! (cargo runs test binaries one after another).
+//! While the table is full every session's queries on that server fail, so
+//! this runs on a private server of its own (`PrivatePg`), never on the
+//! shared test server. Small settings keep the table small: it fills after a
+//! few hundred locks.
 
 mod common;
 
-use common::{pg_raw, unique, Backend};
-use dbmutex::Error;
+use common::{unique, PrivatePg};
+use dbmutex::{Error, Locker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_lock_table_is_a_typed_error_and_held_locks_stay() {
-    let l = Backend::Postgres.locker().await;
-    let other = Backend::Postgres.locker().await;
+    let pg = PrivatePg::start(&[("max_locks_per_transaction", "10"), ("max_connections", "10")]);
+    let connect = || async {
+        Locker::builder(&pg.url())
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to the private server: {e}\n{}", pg.log()))
+    };
+    let l = connect().await;
+    let other = connect().await;
     let kept = unique("kept");
     let g = l.lock(kept.as_str()).await.unwrap();
 
     // Fill the server's lock table from a raw session: the statement fails
     // once it is full, and the locks it took stay held (session locks).
-    let filler = pg_raw().await;
+    let filler = pg.raw().await;
     let err = filler
         .query(
             "SELECT pg_advisory_lock(424242, g) FROM generate_series(1, 100000) g",

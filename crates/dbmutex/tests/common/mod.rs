@@ -5,6 +5,9 @@
 //! the error: a run that tested nothing must not look green.
 #![allow(dead_code)]
 
+pub mod private_pg;
+pub use private_pg::PrivatePg;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
