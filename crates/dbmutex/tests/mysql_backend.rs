@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{mysql_raw, mysql_url, unique, Backend, CancelAfter};
+use common::{mysql_raw, mysql_url, unique, Backend, CancelAfter, PrivateMariaDb};
 use dbmutex::{Error, LockOptions, Locker};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
@@ -145,9 +145,12 @@ async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
             let start = Instant::now();
             let inner = b.with_lock(n1b.as_str(), &LockOptions::new(), || async {}).await;
             let took = start.elapsed();
-            // The victim keeps what it held: the first worker still waits.
-            assert!(b.is_locked(n2b.as_str()).await.unwrap());
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The victim keeps what it held (n2, on its own session), so the
+            // first worker still waits for it in the server.
+            let k2 = b.key_of(n2b.as_str()).unwrap();
+            let second_session = b.holders(n2b.as_str()).await.unwrap()[0].pid;
+            assert_eq!(used_by(&mut raw, &k2).await, Some(second_session));
+            wait_until_waiting(&mut raw, first_session).await;
             assert!(!first.is_finished());
             (inner, took)
         })
@@ -213,7 +216,6 @@ async fn nested_scoped_locks_share_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_acquisitions_leave_nothing_held() {
     let a = locker().await;
-    let holder = locker().await;
     let mut raw = mysql_raw().await;
     // Uncontended, a fresh locker each time (so connecting is an await point
     // too): cancel at every await point in turn.
@@ -238,10 +240,17 @@ async fn cancelled_acquisitions_leave_nothing_held() {
         }
         assert!(n < 400, "never completed");
     }
+}
 
-    // Contended: a GET_LOCK is running in the server when the future is
-    // dropped. The abandoned session must never get the lock, not even for a
-    // moment after the holder lets go.
+/// A GET_LOCK is running in the server when its acquisition is dropped.
+/// The abandoned session must never get the lock, not even for a moment
+/// after the holder lets go (the module docs: "so the abandoned wait can
+/// never take the lock later").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_wait_never_takes_the_lock() {
+    let a = locker().await;
+    let holder = locker().await;
+    let mut raw = mysql_raw().await;
     let name = unique("cancel-busy");
     let key = a.key_of(name.as_str()).unwrap();
     let g = holder.lock(name.as_str()).await.unwrap();
@@ -262,7 +271,12 @@ async fn cancelled_acquisitions_leave_nothing_held() {
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         let by = used_by(&mut raw, &key).await;
-        assert!(by.is_none(), "taken by {by:?} (holder was {holder_pid})");
+        assert!(
+            by.is_none(),
+            "session {by:?} took the lock after the cancelled acquisition had returned (the holder \
+             was {holder_pid}): the abandoned GET_LOCK is killed in the background (src/mysql: \
+             Abandon), and the KILL lost the race with this release"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(a.held_count(), 0);
@@ -375,31 +389,41 @@ async fn holders_and_is_locked() {
     assert!(!b.is_locked(name.as_str()).await.unwrap());
 }
 
+/// `list` needs the metadata_lock_info plugin: without it, a typed error
+/// that says how to install it; once installed (as that error says), the
+/// held lock is listed with its name and holder. On a private server: the
+/// tests never change the shared server's configuration, and there every
+/// lock listed is this test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_needs_the_metadata_lock_info_plugin() {
-    let a = locker().await;
+    let my = PrivateMariaDb::start(&[]);
+    let a = Locker::builder(&my.url())
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the private MariaDB: {e}\n{}", my.log()));
     let name = unique("list");
     let g = a.lock(name.as_str()).await.unwrap();
-    // The tests never change the shared server's configuration: the
-    // plugin is installed by scripts/test.sh (as an operator would).
-    let listed = match a.list().await {
-        Ok(l) => l,
-        Err(Error::Unsupported(m)) => {
-            assert!(m.contains("INSTALL SONAME 'metadata_lock_info'"), "{m}");
-            panic!(
-                "the test server lacks the metadata_lock_info plugin, which `list` needs: \
-                 scripts/test.sh installs it (INSTALL SONAME 'metadata_lock_info'). The error said: {m}"
-            );
-        }
-        Err(e) => panic!("{e:?}"),
-    };
+    match a.list().await {
+        Err(Error::Unsupported(m)) => assert!(m.contains("INSTALL SONAME 'metadata_lock_info'"), "{m}"),
+        other => panic!("without the plugin: {other:?}"),
+    }
+    // The library never installs it; an operator does.
+    my.raw()
+        .await
+        .query_drop("INSTALL SONAME 'metadata_lock_info'")
+        .await
+        .unwrap();
+    let listed = a.list().await.unwrap();
     let key = a.key_of(name.as_str()).unwrap();
-    let mine: Vec<_> = listed.iter().filter(|l| l.key == key).collect();
-    assert_eq!(mine.len(), 1, "{listed:?}");
-    assert_eq!(mine[0].name.as_deref(), Some(name.as_str()));
-    assert_eq!(mine[0].holder.pid, a.holders(name.as_str()).await.unwrap()[0].pid);
+    assert_eq!(listed.len(), 1, "only this test's lock is held here: {listed:?}");
+    assert_eq!(listed[0].key, key);
+    assert_eq!(listed[0].name.as_deref(), Some(name.as_str()));
+    assert_eq!(
+        listed[0].holder.pid,
+        a.holders(name.as_str()).await.unwrap()[0].pid
+    );
     g.release().await.unwrap();
-    assert!(a.list().await.unwrap().iter().all(|l| l.key != key));
+    assert!(a.list().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

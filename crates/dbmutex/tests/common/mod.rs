@@ -5,7 +5,11 @@
 //! the error: a run that tested nothing must not look green.
 #![allow(dead_code)]
 
+pub mod private;
+pub mod private_mariadb;
 pub mod private_pg;
+#[allow(unused_imports)]
+pub use private_mariadb::PrivateMariaDb;
 #[allow(unused_imports)]
 pub use private_pg::PrivatePg;
 
