@@ -3,8 +3,19 @@
 #
 # Makes sure PostgreSQL (127.0.0.1:5432, database `test`) and MariaDB
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
-# from Debian's packages when absent, and that pgbouncer is installed (the
-# pooler tests start their own instance). Then runs `cargo test`.
+# from Debian's packages when absent, and that pgbouncer, openssl and
+# flock(1) are installed (the pooler tests start their own pgbouncer). Then
+# runs `cargo test --workspace --no-fail-fast`, so one failure never hides
+# the others, and ends with a one-line summary (passed, failed, ignored,
+# test binaries run); the exit status is non-zero when anything failed.
+#
+# The shared servers only see ordinary lock traffic: tests that fill the
+# lock table, restart a server or need special settings (TLS, a plugin)
+# start private servers of their own (initdb / mariadb-install-db into
+# $TMPDIR/dbmutex-private-*, on free 127.0.0.1 ports; see
+# crates/dbmutex/tests/common/private*.rs), and remove them when they end.
+# The tests assume nothing else of the shared servers (TLS, name
+# resolution, plugins).
 #
 # Environment:
 #   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
@@ -73,15 +84,49 @@ ensure_mariadb() {
   mariadb -h 127.0.0.1 -uroot -e 'CREATE DATABASE IF NOT EXISTS test'
 }
 
-ensure_pgbouncer() {
+ensure_tools() {
   command -v pgbouncer >/dev/null || { say "installing pgbouncer"; apt_install pgbouncer; }
+  command -v openssl >/dev/null || { say "installing openssl"; apt_install openssl; }
+  [ -x /usr/bin/flock ] || { say "installing util-linux (flock)"; apt_install util-linux; }
 }
 
 if [ "${DBMUTEX_SKIP_SERVICES:-}" != 1 ]; then
   ensure_postgres
   ensure_mariadb
-  ensure_pgbouncer
+  ensure_tools
 fi
 
-say "running cargo test"
-exec cargo test --workspace "$@"
+log=$(mktemp "${TMPDIR:-/tmp}/dbmutex-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
+say "running cargo test --workspace --no-fail-fast $*"
+start=$(date +%s)
+set +e
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# Sum the `test result:` lines; every test binary (and doctest run) prints
+# one, unless it crashed or did not build.
+summary=$(awk -v secs=$(( $(date +%s) - start )) '
+  /^ +Running / || /^ +Doc-tests / { bins++ }
+  /^test result:/ {
+    results++
+    if ($3 == "FAILED.") failed_bins++
+    for (i = 2; i <= NF; i++) {
+      if ($i ~ /^passed;?$/) p += $(i-1)
+      if ($i ~ /^failed;?$/) f += $(i-1)
+      if ($i ~ /^ignored;?$/) ig += $(i-1)
+    }
+  }
+  END {
+    printf "%d passed, %d failed, %d ignored; %d test binaries run, %d with failures, %d without a result; %d s",
+      p, f, ig, bins, failed_bins, bins - results, secs
+    if (f > 0 || bins != results || bins == 0) exit 1
+  }' "$log") || { [ "$status" != 0 ] || status=1; }
+if [ "$status" = 0 ]; then
+  say "PASS: $summary"
+else
+  say "FAIL (cargo exit $status): $summary"
+  # The failed tests (libtest's `failures:` lists) and targets (cargo's last lines).
+  grep -E '^    [A-Za-z0-9_:]+$|^    `|^error: ' "$log" | tail -n 40 >&2 || true
+fi
+exit "$status"

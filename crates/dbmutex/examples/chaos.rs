@@ -29,8 +29,9 @@
 //! holders also lost its lock at about that moment. Every other conflict is
 //! a **violation**; the conflict row also records who held the lock in
 //! `pg_locks` at the intruder's entry, for diagnosis. The marks compare the workers' wall
-//! clock with the server's, so run this on the database host (it restarts
-//! the server anyway).
+//! clock with the server's, so the server runs on the same host:
+//! `scripts/chaos.sh` starts a private one on 127.0.0.1 (`DBMUTEX_CHAOS_PG_URL`,
+//! restarted through `DBMUTEX_PG_RESTART_CMD`), never the shared test server.
 //!
 //! # Figures
 //!
@@ -52,8 +53,21 @@ use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The server under chaos: `DBMUTEX_CHAOS_PG_URL`, which `scripts/chaos.sh`
+/// sets to a private server it starts. Never a default: this program
+/// terminates sessions and restarts the server it points at, so it must
+/// not fall back to the shared test server.
 fn pg_url() -> String {
-    std::env::var("DBMUTEX_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    match std::env::var("DBMUTEX_CHAOS_PG_URL") {
+        Ok(u) => u,
+        Err(_) => {
+            eprintln!(
+                "chaos: set DBMUTEX_CHAOS_PG_URL (and DBMUTEX_PG_RESTART_CMD) to a server you may restart; \
+                 scripts/chaos.sh starts a private one and sets both"
+            );
+            std::process::exit(2)
+        }
+    }
 }
 
 fn now_us() -> u64 {
@@ -487,19 +501,13 @@ impl Db {
 }
 
 fn restart_command() -> Result<Command, BoxError> {
-    if let Ok(cmd) = std::env::var("DBMUTEX_PG_RESTART_CMD") {
-        let mut c = Command::new("sh");
-        c.args(["-c", &cmd]);
-        return Ok(c);
-    }
-    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .map_err(|e| format!("cannot find the PostgreSQL cluster to restart (/etc/postgresql: {e}); set DBMUTEX_PG_RESTART_CMD"))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
-    versions.sort_by_key(|v| v.parse::<u32>().unwrap_or(0));
-    let v = versions.pop().ok_or("no cluster under /etc/postgresql")?;
-    let mut c = Command::new("pg_ctlcluster");
-    c.args(["--skip-systemctl-redirect", &v, "main", "restart"]);
+    // No default: restarting "the" PostgreSQL cluster of the machine would
+    // disturb every other client of it.
+    let cmd = std::env::var("DBMUTEX_PG_RESTART_CMD").map_err(|_| {
+        "set DBMUTEX_PG_RESTART_CMD to restart the server under chaos (scripts/chaos.sh does), or pass --restarts 0"
+    })?;
+    let mut c = Command::new("sh");
+    c.args(["-c", &cmd]);
     Ok(c)
 }
 
@@ -542,6 +550,9 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     let workers_n: u32 = arg(args, "--workers", 4);
     let tasks: usize = arg(args, "--tasks", 4);
     let names: usize = arg(args, "--names", 3);
+    if restarts > 0 {
+        restart_command()?; // fail now, not after half the run
+    }
     let run = now_us() as i64;
     let mut db = Db {
         url: pg_url(),

@@ -1,6 +1,14 @@
 //! Behaviour every backend shares, one source for all of them: each test
 //! below runs once per backend (see `for_each_backend!` at the end), against
 //! the real servers. Options a backend lacks assert its `Unsupported` error.
+//! Tests that only make sense on some backends (losing a server connection)
+//! are listed as that backend's extras, so no test returns early and shows
+//! green. Backend-specific behaviour (raw SQL, server semantics) stays in
+//! `postgres_backend.rs`, `mysql_backend.rs` and `local_backend.rs`.
+//!
+//! No sleep synchronises a test with a background event: `eventually` polls
+//! for the event with a generous bound (SETTLE), and timing bounds appear
+//! only where the bound is the feature, with margins for a loaded machine.
 
 mod common;
 
@@ -9,9 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{eventually, free_for, unique, Backend, CancelAfter};
-use dbmutex::{current_locks, Error, LockOptions, Mode, Outcome, WaitStrategy};
+use dbmutex::{current_locks, Error, LockOptions, Locker, Mode, Outcome, WaitStrategy};
 
-const SETTLE: Duration = Duration::from_secs(3);
+/// The bound for background effects (a queued unlock, a killed session):
+/// generous, since `eventually` returns as soon as the effect is seen.
+const SETTLE: Duration = Duration::from_secs(10);
 
 /// Both wait strategies, to run a test body under each.
 const STRATEGIES: [WaitStrategy; 2] = [WaitStrategy::Poll, WaitStrategy::Server];
@@ -56,26 +66,33 @@ async fn tasks_of_one_locker_exclude_each_other(b: Backend) {
     assert!(eventually(SETTLE, || free_for(&l, &name)).await);
 }
 
+/// A sub-second bound is honoured, by another session (waiting on the
+/// server or the file) and by another task of the holder's own locker
+/// (waiting in process). The bound is the feature: at least 300 ms, and not
+/// much more (1.2 s of slack for a loaded machine; a bound rounded up to
+/// whole seconds, or ignored, fails).
 async fn bounded_wait_times_out(b: Backend) {
     let (a, other) = (b.locker().await, b.locker().await);
     let name = unique("timeout");
     let _g = a.lock(name.as_str()).await.unwrap();
     for strategy in STRATEGIES {
-        let opts = LockOptions::new()
-            .timeout(Duration::from_millis(300))
-            .wait_strategy(strategy);
-        let start = Instant::now();
-        let got = other.acquire(name.as_str(), &opts).await.unwrap();
-        let waited = start.elapsed();
-        assert!(got.is_none(), "{strategy:?}: must not acquire a held lock");
-        assert!(
-            waited >= Duration::from_millis(300),
-            "{strategy:?}: gave up early after {waited:?}"
-        );
-        assert!(
-            waited < Duration::from_millis(1500),
-            "{strategy:?}: overran the bound: {waited:?}"
-        );
+        for (who, l) in [("other session", &other), ("same locker", &a)] {
+            let opts = LockOptions::new()
+                .timeout(Duration::from_millis(300))
+                .wait_strategy(strategy);
+            let start = Instant::now();
+            let got = l.acquire(name.as_str(), &opts).await.unwrap();
+            let waited = start.elapsed();
+            assert!(got.is_none(), "{strategy:?}, {who}: must not acquire a held lock");
+            assert!(
+                waited >= Duration::from_millis(300),
+                "{strategy:?}, {who}: gave up early after {waited:?}"
+            );
+            assert!(
+                waited < Duration::from_millis(1500),
+                "{strategy:?}, {who}: overran the bound: {waited:?}"
+            );
+        }
     }
 }
 
@@ -112,6 +129,9 @@ async fn waiter_gets_the_lock_after_release(b: Backend) {
             g.release().await.unwrap();
             at
         });
+        // Give the waiter time to start waiting (not a synchronisation: on
+        // a slow machine it may still be connecting, and every assertion
+        // below holds either way).
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
             !waiter.is_finished(),
@@ -120,6 +140,7 @@ async fn waiter_gets_the_lock_after_release(b: Backend) {
         let released = Instant::now();
         g.release().await.unwrap();
         let acquired = waiter.await.unwrap();
+        assert!(acquired >= released, "{strategy:?}: acquired before the release");
         let handoff = acquired - released;
         // Polling backs off to at most 100 ms; a server-side wait is immediate.
         assert!(
@@ -309,8 +330,11 @@ async fn dropped_guard_releases(b: Backend) {
     let g = a.lock(name.as_str()).await.unwrap();
     let t = Instant::now();
     drop(g);
+    // Not a round trip's worth of blocking can be told apart from a busy
+    // machine by a clock; `drop_does_not_wait_for_a_silent_server` does
+    // that. This only catches a drop that waits for something slow.
     assert!(
-        t.elapsed() < Duration::from_millis(20),
+        t.elapsed() < Duration::from_millis(250),
         "drop must not block: {:?}",
         t.elapsed()
     );
@@ -351,11 +375,14 @@ async fn cancelled_acquire_leaves_nothing_held(b: Backend) {
         let opts = LockOptions::new().wait_strategy(strategy);
         // Uncontended: cancel at each await point until one run completes.
         // A run on a warm connection may complete without ever suspending
-        // (the answer is already there); sweep again until one did suspend.
+        // (on a busy machine the server often answers before the client
+        // reads: then every await point is ready at once); sweep again until
+        // one did suspend. Seen: 2 runs in 12 under load never suspended in
+        // 5 sweeps, so allow many (each costs one round trip).
         let a = b.locker().await;
         let mut cancelled = 0;
         let mut name = String::new();
-        for _sweep in 0..5 {
+        for _sweep in 0..200 {
             name = unique("cancel-free");
             let mut n = 0;
             loop {
@@ -412,9 +439,7 @@ async fn cancelled_acquire_leaves_nothing_held(b: Backend) {
 }
 
 async fn lost_connection_is_reported(b: Backend) {
-    if !b.can_lose() {
-        return;
-    }
+    assert!(b.can_lose());
     for strategy in STRATEGIES {
         let a = b.locker().await;
         let name = unique("lost");
@@ -427,9 +452,9 @@ async fn lost_connection_is_reported(b: Backend) {
         assert_eq!(holders.len(), 1, "{holders:?}");
         let lost = g.lost();
         b.kill_session(holders[0].pid).await;
-        tokio::time::timeout(Duration::from_secs(5), lost)
+        tokio::time::timeout(SETTLE, lost)
             .await
-            .unwrap_or_else(|_| panic!("{strategy:?}: loss not reported within 5 s"));
+            .unwrap_or_else(|_| panic!("{strategy:?}: loss not reported within {SETTLE:?}"));
         assert!(!g.is_held());
         assert!(
             g.release().await.is_err(),
@@ -449,9 +474,7 @@ async fn lost_connection_is_reported(b: Backend) {
 }
 
 async fn scoped_call_stops_when_lock_is_lost(b: Backend) {
-    if !b.can_lose() {
-        return;
-    }
+    assert!(b.can_lose());
     let a = b.locker().await;
     let name = unique("lost-scoped");
     let a2 = a.clone();
@@ -470,7 +493,7 @@ async fn scoped_call_stops_when_lock_is_lost(b: Backend) {
     assert!(eventually(SETTLE, || async { progressed.load(Ordering::SeqCst) > 0 }).await);
     let holders = a.holders(name.as_str()).await.unwrap();
     b.kill_session(holders[0].pid).await;
-    let r: Result<Outcome<()>, Error> = tokio::time::timeout(Duration::from_secs(5), work)
+    let r: Result<Outcome<()>, Error> = tokio::time::timeout(SETTLE, work)
         .await
         .expect("the scoped call must stop")
         .unwrap();
@@ -478,16 +501,20 @@ async fn scoped_call_stops_when_lock_is_lost(b: Backend) {
 }
 
 async fn two_sessions_never_overlap(b: Backend) {
-    // A few thousand contended acquisitions, counted: never two holders.
+    // A few thousand contended acquisitions by two lockers (two sessions,
+    // or two processes' worth of file locks) x two tasks each: never two
+    // holders, and no lost update of a read-modify-write across an await
+    // point. Every wait flavour is mixed in: polling, waiting in the
+    // server, bounded waits; half the guards are dropped, half released.
     const PER_TASK: usize = 600;
     let name = unique("stress");
     let occupied = Arc::new(AtomicBool::new(false));
-    let sections = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _session in 0..2 {
         let l = b.locker().await;
         for task in 0..2 {
-            let (l, name, occupied, sections) = (l.clone(), name.clone(), occupied.clone(), sections.clone());
+            let (l, name, occupied, count) = (l.clone(), name.clone(), occupied.clone(), count.clone());
             tasks.push(tokio::spawn(async move {
                 for i in 0..PER_TASK {
                     let strategy = if (i + task) % 7 == 0 {
@@ -495,15 +522,27 @@ async fn two_sessions_never_overlap(b: Backend) {
                     } else {
                         WaitStrategy::Poll
                     };
-                    let opts = LockOptions::new()
+                    let mut opts = LockOptions::new()
                         .wait_strategy(strategy)
                         .max_backoff(Duration::from_millis(2));
-                    let g = l.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+                    if i % 5 == 0 {
+                        opts = opts.timeout(SETTLE * 3);
+                    }
+                    let g = l
+                        .acquire(name.as_str(), &opts)
+                        .await
+                        .unwrap()
+                        .expect("acquired within the bound");
                     assert!(!occupied.swap(true, Ordering::SeqCst), "two holders at once");
+                    let seen = count.load(Ordering::SeqCst);
                     tokio::task::yield_now().await;
-                    sections.fetch_add(1, Ordering::SeqCst);
+                    count.store(seen + 1, Ordering::SeqCst);
                     occupied.store(false, Ordering::SeqCst);
-                    g.release().await.unwrap();
+                    if (i + task) % 2 == 0 {
+                        g.release().await.unwrap();
+                    } else {
+                        drop(g);
+                    }
                 }
             }));
         }
@@ -511,7 +550,7 @@ async fn two_sessions_never_overlap(b: Backend) {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(sections.load(Ordering::SeqCst), 4 * PER_TASK);
+    assert_eq!(count.load(Ordering::SeqCst), 4 * PER_TASK, "lost updates");
 }
 
 async fn introspection(b: Backend) {
@@ -570,24 +609,100 @@ async fn cap_on_held_locks(b: Backend) {
     drop((g2, g3));
 }
 
-for_each_backend!(
-    exclusive_excludes_another_session,
-    tasks_of_one_locker_exclude_each_other,
-    bounded_wait_times_out,
-    try_once_does_not_wait,
-    waiter_gets_the_lock_after_release,
-    shared_and_exclusive,
-    transaction_locks,
-    scoped_call_returns_value_or_not_acquired,
-    nested_scoped_calls_are_reentrant,
-    panic_in_scoped_call_releases,
-    dropped_guard_releases,
-    guard_dropped_with_no_runtime_releases,
-    cancelled_acquire_leaves_nothing_held,
-    lost_connection_is_reported,
-    scoped_call_stops_when_lock_is_lost,
-    two_sessions_never_overlap,
-    introspection,
-    bad_names_are_typed_errors,
-    cap_on_held_locks,
-);
+/// Options and keys a backend lacks are typed errors that say what to use
+/// instead; nothing is left held.
+async fn unsupported_options_are_typed_errors(b: Backend) {
+    let a = b.locker().await;
+    let name = unique("unsupported");
+    if !b.supports_shared() {
+        match a.acquire(name.as_str(), &LockOptions::new().shared(true)).await {
+            Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL or the local backend"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    if !b.supports_transaction() {
+        match a
+            .acquire(name.as_str(), &LockOptions::new().transaction(true))
+            .await
+        {
+            Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Raw integer keys are PostgreSQL's (advisory lock key spaces).
+    assert_ne!(b, Backend::Postgres);
+    for raw in [dbmutex::LockName::raw_i64(7), dbmutex::LockName::RawPair(1, 2)] {
+        match a.try_lock(raw).await {
+            Err(Error::Unsupported(m)) => assert!(m.contains("string or integer"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(a.held_count(), 0);
+    assert!(!a.is_locked(name.as_str()).await.unwrap());
+}
+
+/// Dropping a guard while the server is silent (a network partition: the
+/// connection neither answers nor closes) returns at once: the unlock is
+/// queued, never awaited in `drop`. A blocking drop would hang here until
+/// a keepalive gave up, seconds later.
+async fn drop_does_not_wait_for_a_silent_server(b: Backend) {
+    let url = b.url();
+    let (scheme_user, rest) = url.split_once('@').expect("user@host in the test URL");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let default_port = if b == Backend::Postgres { 5432 } else { 3306 };
+    let target = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    };
+    let (port, frozen) = common::freezable_proxy(target).await;
+    let proxied = format!("{scheme_user}@127.0.0.1:{port}/{path}");
+    let a = b.connect(Locker::builder(&proxied)).await;
+    let name = unique("drop-silent");
+    let g = a.lock(name.as_str()).await.unwrap();
+    frozen.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    drop(g);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "drop waited for the server: {took:?}"
+    );
+    // Let the session go: the server frees the lock once its connection
+    // closes (the proxy's sockets go with this test's runtime).
+    drop(a);
+}
+
+for_each_backend! {
+    [
+        exclusive_excludes_another_session,
+        tasks_of_one_locker_exclude_each_other,
+        bounded_wait_times_out,
+        try_once_does_not_wait,
+        waiter_gets_the_lock_after_release,
+        shared_and_exclusive,
+        transaction_locks,
+        scoped_call_returns_value_or_not_acquired,
+        nested_scoped_calls_are_reentrant,
+        panic_in_scoped_call_releases,
+        dropped_guard_releases,
+        guard_dropped_with_no_runtime_releases,
+        cancelled_acquire_leaves_nothing_held,
+        two_sessions_never_overlap,
+        introspection,
+        bad_names_are_typed_errors,
+        cap_on_held_locks,
+    ]
+    postgres: [
+        lost_connection_is_reported,
+        scoped_call_stops_when_lock_is_lost,
+        drop_does_not_wait_for_a_silent_server,
+    ],
+    mysql: [
+        lost_connection_is_reported,
+        scoped_call_stops_when_lock_is_lost,
+        drop_does_not_wait_for_a_silent_server,
+        unsupported_options_are_typed_errors,
+    ],
+    local: [unsupported_options_are_typed_errors],
+}

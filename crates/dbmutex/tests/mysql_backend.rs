@@ -1,6 +1,7 @@
 //! MySQL/MariaDB-specific behaviour, against the real server
 //! (env `DBMUTEX_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`).
-//! Behaviour shared with the other backends is in `behaviour.rs`.
+//! Behaviour shared with the other backends (exclusion, timeouts, hand-off,
+//! drops, cancellation, loss, unsupported options) is in `behaviour.rs`.
 //!
 //! Two lockers stand for two processes: each has its own connections.
 //! "Raw" connections are plain mysql_async sessions with no dbmutex logic,
@@ -8,28 +9,44 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{mysql_raw, mysql_url, unique, CancelAfter};
-use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
+use common::{mysql_raw, mysql_url, unique, Backend, CancelAfter, PrivateMariaDb};
+use dbmutex::{Error, LockOptions, Locker};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-const SETTLE: Duration = Duration::from_secs(3);
+/// The bound for background effects (a queued unlock, a killed session).
+const SETTLE: Duration = Duration::from_secs(10);
 
 async fn locker() -> Locker {
-    connect(Locker::builder(&mysql_url())).await
+    Backend::Mysql.locker().await
 }
 
 async fn connect(b: dbmutex::LockerBuilder) -> Locker {
-    match b.connect().await {
-        Ok(l) => l,
-        Err(e) => panic!(
-            "cannot reach the MySQL test server at {}: {e} (start it, or set DBMUTEX_TEST_MYSQL_URL)",
-            dbmutex::redact_url(&mysql_url())
-        ),
+    Backend::Mysql.connect(b).await
+}
+
+/// Waits until server session `id` runs a `GET_LOCK` that waits (state
+/// `User lock`): the event a test needs before it closes a cycle or lets
+/// go. Looks at that one session only; other clients may be waiting too.
+async fn wait_until_waiting(c: &mut Conn, id: i64) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let state: Option<(Option<String>,)> = c
+            .exec_first(
+                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = ?",
+                (id,),
+            )
+            .await
+            .unwrap();
+        if matches!(state, Some((Some(s),)) if s == "User lock") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "session {id} never waited for a lock");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -95,114 +112,6 @@ async fn two_lockers_exclude_each_other_and_raw_sessions() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contended_acquisitions_never_overlap() {
-    const PER_TASK: usize = 80;
-    let name = unique("count");
-    let occupied = Arc::new(AtomicBool::new(false));
-    let sections = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let l = locker().await;
-        for _ in 0..2 {
-            let (l, name, occupied, sections) = (l.clone(), name.clone(), occupied.clone(), sections.clone());
-            tasks.push(tokio::spawn(async move {
-                for i in 0..PER_TASK {
-                    let opts = if i % 5 == 0 {
-                        LockOptions::new().timeout(Duration::from_secs(30))
-                    } else {
-                        LockOptions::new()
-                    };
-                    let g = l.acquire(name.as_str(), &opts).await.unwrap().unwrap();
-                    assert!(!occupied.swap(true, Ordering::SeqCst), "two holders at once");
-                    tokio::task::yield_now().await;
-                    sections.fetch_add(1, Ordering::SeqCst);
-                    occupied.store(false, Ordering::SeqCst);
-                    if i % 3 == 0 {
-                        drop(g);
-                    } else {
-                        g.release().await.unwrap();
-                    }
-                }
-            }));
-        }
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(sections.load(Ordering::SeqCst), 4 * PER_TASK);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sub_second_timeout_is_honoured() {
-    let (a, b) = (locker().await, locker().await);
-    let name = unique("timeout");
-    let _g = a.lock(name.as_str()).await.unwrap();
-    // GET_LOCK always waits in the server: both strategies behave the same.
-    for strategy in [WaitStrategy::Poll, WaitStrategy::Server] {
-        let opts = LockOptions::new()
-            .timeout(Duration::from_millis(300))
-            .wait_strategy(strategy);
-        let start = Instant::now();
-        assert!(b.acquire(name.as_str(), &opts).await.unwrap().is_none());
-        let waited = start.elapsed();
-        assert!(
-            waited >= Duration::from_millis(300) && waited < Duration::from_millis(400),
-            "{strategy:?}: waited {waited:?}"
-        );
-    }
-    let start = Instant::now();
-    assert!(b.try_lock(name.as_str()).await.unwrap().is_none());
-    assert!(
-        start.elapsed() < Duration::from_millis(100),
-        "{:?}",
-        start.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_forever_acquires_after_release() {
-    let (a, b) = (locker().await, locker().await);
-    let name = unique("forever");
-    let g = a.lock(name.as_str()).await.unwrap();
-    let n2 = name.clone();
-    let waiter = tokio::spawn(async move {
-        let g = b.lock(n2.as_str()).await.unwrap();
-        let at = Instant::now();
-        g.release().await.unwrap();
-        at
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished());
-    let released = Instant::now();
-    g.release().await.unwrap();
-    let handoff = waiter.await.unwrap() - released;
-    assert!(handoff < Duration::from_millis(100), "hand-off took {handoff:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_and_transaction_locks_are_unsupported() {
-    let a = locker().await;
-    let name = unique("unsupported");
-    match a.acquire(name.as_str(), &LockOptions::new().shared(true)).await {
-        Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL or the local backend"), "{m}"),
-        other => panic!("{other:?}"),
-    }
-    match a
-        .acquire(name.as_str(), &LockOptions::new().transaction(true))
-        .await
-    {
-        Err(Error::Unsupported(m)) => assert!(m.contains("PostgreSQL"), "{m}"),
-        other => panic!("{other:?}"),
-    }
-    match a.try_lock(dbmutex::LockName::raw_i64(7)).await {
-        Err(Error::Unsupported(m)) => assert!(m.contains("string or integer"), "{m}"),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(a.held_count(), 0);
-    assert!(!a.is_locked(name.as_str()).await.unwrap());
-}
-
 /// Two workers take two locks in opposite orders, each in a scoped call
 /// nested in the other's: the server sees the cycle (nested acquisitions run
 /// on the enclosing lock's session) and tells the one that closes it.
@@ -211,6 +120,7 @@ async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
     let (a, b) = (locker().await, locker().await);
     let (n1, n2) = (unique("dl1"), unique("dl2"));
     let both_in = Arc::new(tokio::sync::Barrier::new(2));
+    let mut raw = mysql_raw().await;
     let first = tokio::spawn({
         let (a, n1, n2, both_in) = (a.clone(), n1.clone(), n2.clone(), both_in.clone());
         async move {
@@ -226,15 +136,21 @@ async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
     let second = b
         .with_lock(n2b.as_str(), &LockOptions::new(), || async {
             both_in.wait().await;
-            // Let the first worker start waiting for n2 in the server.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // The first worker's nested GET_LOCK(n2) runs on the session
+            // that holds n1: wait until it waits in the server, so that
+            // this request is the one that closes the cycle.
+            let first_session = used_by(&mut raw, &a.key_of(n1b.as_str()).unwrap()).await.unwrap();
+            wait_until_waiting(&mut raw, first_session).await;
             assert!(!first.is_finished());
             let start = Instant::now();
             let inner = b.with_lock(n1b.as_str(), &LockOptions::new(), || async {}).await;
             let took = start.elapsed();
-            // The victim keeps what it held: the first worker still waits.
-            assert!(b.is_locked(n2b.as_str()).await.unwrap());
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The victim keeps what it held (n2, on its own session), so the
+            // first worker still waits for it in the server.
+            let k2 = b.key_of(n2b.as_str()).unwrap();
+            let second_session = b.holders(n2b.as_str()).await.unwrap()[0].pid;
+            assert_eq!(used_by(&mut raw, &k2).await, Some(second_session));
+            wait_until_waiting(&mut raw, first_session).await;
             assert!(!first.is_finished());
             (inner, took)
         })
@@ -244,10 +160,9 @@ async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
     let err = inner.unwrap_err();
     assert!(err.is_deadlock(), "{err:?}");
     assert_eq!(err.sqlstate().as_deref(), Some("40001"));
-    assert!(
-        took < Duration::from_millis(500),
-        "deadlock reported after {took:?}"
-    );
+    // At once (no deadlock_timeout on MariaDB); without detection this
+    // wait would never end. Slack for a loaded machine.
+    assert!(took < Duration::from_secs(3), "deadlock reported after {took:?}");
     let got = tokio::time::timeout(SETTLE, first)
         .await
         .unwrap()
@@ -255,7 +170,6 @@ async fn deadlock_is_reported_to_the_requester_that_closes_the_cycle() {
         .unwrap();
     assert_eq!(got.acquired().and_then(|r| r.unwrap().acquired()), Some("both"));
     assert_eq!((a.held_count(), b.held_count()), (0, 0));
-    let mut raw = mysql_raw().await;
     for n in [&n1, &n2] {
         assert!(freed_within(&mut raw, &a.key_of(n.as_str()).unwrap(), SETTLE).await);
     }
@@ -300,60 +214,8 @@ async fn nested_scoped_locks_share_a_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_holder_connection_is_reported_lost() {
-    let a = connect(Locker::builder(&mysql_url()).keepalive(Duration::from_millis(100))).await;
-    let b = locker().await;
-    let name = unique("kill");
-    let g = a.lock(name.as_str()).await.unwrap();
-    let pid = a.holders(name.as_str()).await.unwrap()[0].pid;
-    let mut raw = mysql_raw().await;
-    let start = Instant::now();
-    raw.query_drop(format!("KILL {pid}")).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(2), g.lost())
-        .await
-        .expect("loss reported within keepalive + ping timeout");
-    assert!(!g.is_held());
-    eprintln!("loss reported {:?} after KILL", start.elapsed());
-    match g.release().await {
-        Err(Error::LockLost { .. }) => {}
-        other => panic!("{other:?}"),
-    }
-    // Never re-acquired behind the caller's back; others can take it.
-    let key = a.key_of(name.as_str()).unwrap();
-    assert_eq!(used_by(&mut raw, &key).await, None);
-    b.try_lock(name.as_str())
-        .await
-        .unwrap()
-        .expect("free")
-        .release()
-        .await
-        .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_guard_frees_the_lock() {
-    let a = locker().await;
-    let name = unique("drop");
-    let key = a.key_of(name.as_str()).unwrap();
-    let mut raw = mysql_raw().await;
-    let g = a.lock(name.as_str()).await.unwrap();
-    assert!(used_by(&mut raw, &key).await.is_some());
-    let t = Instant::now();
-    drop(g);
-    assert!(
-        t.elapsed() < Duration::from_millis(5),
-        "drop blocked {:?}",
-        t.elapsed()
-    );
-    let mut raw2 = mysql_raw().await;
-    assert!(freed_within(&mut raw, &key, SETTLE).await);
-    assert_eq!(used_by(&mut raw2, &key).await, None);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_acquisitions_leave_nothing_held() {
     let a = locker().await;
-    let holder = locker().await;
     let mut raw = mysql_raw().await;
     // Uncontended, a fresh locker each time (so connecting is an await point
     // too): cancel at every await point in turn.
@@ -378,10 +240,17 @@ async fn cancelled_acquisitions_leave_nothing_held() {
         }
         assert!(n < 400, "never completed");
     }
+}
 
-    // Contended: a GET_LOCK is running in the server when the future is
-    // dropped. The abandoned session must never get the lock, not even for a
-    // moment after the holder lets go.
+/// A GET_LOCK is running in the server when its acquisition is dropped.
+/// The abandoned session must never get the lock, not even for a moment
+/// after the holder lets go (the module docs: "so the abandoned wait can
+/// never take the lock later").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_wait_never_takes_the_lock() {
+    let a = locker().await;
+    let holder = locker().await;
+    let mut raw = mysql_raw().await;
     let name = unique("cancel-busy");
     let key = a.key_of(name.as_str()).unwrap();
     let g = holder.lock(name.as_str()).await.unwrap();
@@ -390,15 +259,24 @@ async fn cancelled_acquisitions_leave_nothing_held() {
         let (a, name) = (a.clone(), name.clone());
         async move { a.lock(name.as_str()).await }
     });
+    // Usually the waiter is in GET_LOCK by now; if this machine is slow it
+    // is still connecting, an earlier await point, and the claim is the same.
     tokio::time::sleep(Duration::from_millis(200)).await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No pause for the background KILL of the abandoned session: the claim
+    // is that it can never take the lock, from the moment the cancelled
+    // acquisition has returned.
     g.release().await.unwrap();
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         let by = used_by(&mut raw, &key).await;
-        assert!(by.is_none(), "taken by {by:?} (holder was {holder_pid})");
+        assert!(
+            by.is_none(),
+            "session {by:?} took the lock after the cancelled acquisition had returned (the holder \
+             was {holder_pid}): the abandoned GET_LOCK is killed in the background (src/mysql: \
+             Abandon), and the KILL lost the race with this release"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(a.held_count(), 0);
@@ -432,7 +310,8 @@ async fn released_connections_are_reused_clean() {
     // other connections are kept meanwhile, so they don't go back on top.
     let mut reused = false;
     let mut others = Vec::new();
-    for i in 0..50 {
+    let deadline = Instant::now() + SETTLE;
+    for i in 0.. {
         let name = format!("{n1}-{i}");
         let g = a.lock(name.as_str()).await.unwrap();
         reused = used_by(&mut raw, &a.key_of(name.as_str()).unwrap()).await == Some(conn1);
@@ -442,7 +321,7 @@ async fn released_connections_are_reused_clean() {
             "the reused connection holds nothing else"
         );
         others.push(g);
-        if reused {
+        if reused || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -492,8 +371,16 @@ async fn holders_and_is_locked() {
     let h = &hs[0];
     assert_eq!(h.pid, pid);
     assert_eq!(h.user.as_deref(), Some("root"));
+    // Host and port of the client as the server shows it: `127.0.0.1:port`,
+    // or `localhost:port` on a server that resolves names
+    // (skip_name_resolve off). Either is the loopback client.
     assert!(
-        h.client.as_deref().is_some_and(|c| c.starts_with("127.0.0.1:")),
+        h.client
+            .as_deref()
+            .and_then(|c| c.rsplit_once(':'))
+            .is_some_and(
+                |(host, port)| ["127.0.0.1", "localhost"].contains(&host) && port.parse::<u16>().is_ok()
+            ),
         "{h:?}"
     );
     assert!(h.since.is_some(), "{h:?}");
@@ -502,35 +389,41 @@ async fn holders_and_is_locked() {
     assert!(!b.is_locked(name.as_str()).await.unwrap());
 }
 
+/// `list` needs the metadata_lock_info plugin: without it, a typed error
+/// that says how to install it; once installed (as that error says), the
+/// held lock is listed with its name and holder. On a private server: the
+/// tests never change the shared server's configuration, and there every
+/// lock listed is this test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_needs_the_metadata_lock_info_plugin() {
-    let a = locker().await;
+    let my = PrivateMariaDb::start(&[]);
+    let a = Locker::builder(&my.url())
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the private MariaDB: {e}\n{}", my.log()));
     let name = unique("list");
     let g = a.lock(name.as_str()).await.unwrap();
-    let listed = match a.list().await {
-        Ok(l) => l,
-        Err(Error::Unsupported(m)) => {
-            assert!(m.contains("INSTALL SONAME 'metadata_lock_info'"), "{m}");
-            // The library never installs it; the test server may.
-            let mut raw = mysql_raw().await;
-            if let Err(e) = raw.query_drop("INSTALL SONAME 'metadata_lock_info'").await {
-                // 1968: already installed by a concurrent test run.
-                assert!(
-                    matches!(&e, mysql_async::Error::Server(s) if s.code == 1968),
-                    "{e}"
-                );
-            }
-            a.list().await.unwrap()
-        }
-        Err(e) => panic!("{e:?}"),
-    };
+    match a.list().await {
+        Err(Error::Unsupported(m)) => assert!(m.contains("INSTALL SONAME 'metadata_lock_info'"), "{m}"),
+        other => panic!("without the plugin: {other:?}"),
+    }
+    // The library never installs it; an operator does.
+    my.raw()
+        .await
+        .query_drop("INSTALL SONAME 'metadata_lock_info'")
+        .await
+        .unwrap();
+    let listed = a.list().await.unwrap();
     let key = a.key_of(name.as_str()).unwrap();
-    let mine: Vec<_> = listed.iter().filter(|l| l.key == key).collect();
-    assert_eq!(mine.len(), 1, "{listed:?}");
-    assert_eq!(mine[0].name.as_deref(), Some(name.as_str()));
-    assert_eq!(mine[0].holder.pid, a.holders(name.as_str()).await.unwrap()[0].pid);
+    assert_eq!(listed.len(), 1, "only this test's lock is held here: {listed:?}");
+    assert_eq!(listed[0].key, key);
+    assert_eq!(listed[0].name.as_deref(), Some(name.as_str()));
+    assert_eq!(
+        listed[0].holder.pid,
+        a.holders(name.as_str()).await.unwrap()[0].pid
+    );
     g.release().await.unwrap();
-    assert!(a.list().await.unwrap().iter().all(|l| l.key != key));
+    assert!(a.list().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,7 +433,8 @@ async fn connect_errors_are_typed_and_redacted() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
-    assert!(t.elapsed() < Duration::from_secs(2));
+    // Refused at once; seconds would mean a retry loop or a hang.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     let bad_pw = mysql_url().replacen("root@", "root:s3cr3t-pw@", 1);
     let err = Locker::connect(&bad_pw).await.unwrap_err();
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
@@ -553,16 +447,22 @@ async fn connect_errors_are_typed_and_redacted() {
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
     assert!(!err.to_string().contains("s3cr3t"), "{err}");
-    // A connect that gets no answer ends at the connect timeout (TEST-NET-1
-    // is unroutable by definition).
+    // A connect that gets no answer ends at the connect timeout: a loopback
+    // listener that accepts and never sends the server's greeting.
+    let silent = common::silent_server().await;
     let t = Instant::now();
-    let err = Locker::builder("mysql://root@192.0.2.1:3306/test")
+    let err = Locker::builder(&format!("mysql://root@127.0.0.1:{silent}/test"))
         .connect_timeout(Duration::from_millis(300))
         .connect()
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Connect(_)), "{err:?}");
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // It waited for the server (the bound), and not much longer.
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -620,8 +520,9 @@ async fn server_semantics_as_documented() {
         Some(0)
     );
     let waited = t.elapsed();
+    // 0.25 s, not rounded to 0 or 1 s (slack for a loaded machine).
     assert!(
-        waited >= Duration::from_millis(250) && waited < Duration::from_millis(350),
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(900),
         "{waited:?}"
     );
     assert_eq!(

@@ -5,7 +5,11 @@
 //! the error: a run that tested nothing must not look green.
 #![allow(dead_code)]
 
+pub mod private;
+pub mod private_mariadb;
 pub mod private_pg;
+#[allow(unused_imports)]
+pub use private_mariadb::PrivateMariaDb;
 #[allow(unused_imports)]
 pub use private_pg::PrivatePg;
 
@@ -274,34 +278,61 @@ pub async fn freezable_proxy(target: String) -> (u16, std::sync::Arc<std::sync::
     (port, frozen)
 }
 
-/// Stamps out one `#[tokio::test]` per backend for each listed test
-/// function `async fn name(b: Backend)`.
+/// A TCP listener on 127.0.0.1 that accepts connections and never sends a
+/// byte, as a stalled server (or one behind a silent partition) would: the
+/// client waits for a greeting that never comes. Returns its port; it
+/// listens for as long as the test's runtime lives.
+pub async fn silent_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket); // held open, never written to
+        }
+    });
+    port
+}
+
+/// Stamps out one `#[tokio::test]` per backend for each test function
+/// `async fn name(b: Backend)` of the common list, plus each backend's own
+/// extras (tests that only make sense there: a lock that can be lost needs
+/// a server connection), as the CLI's `backend_tests!` does:
+///
+/// ```ignore
+/// for_each_backend! {
+///     [exclusive_excludes_another_session, bounded_wait_times_out]
+///     postgres: [lost_connection_is_reported],
+///     mysql: [lost_connection_is_reported, unsupported_options_are_typed_errors],
+///     local: [unsupported_options_are_typed_errors],
+/// }
+/// ```
 #[macro_export]
 macro_rules! for_each_backend {
-    ($($test:ident),* $(,)?) => {
-        mod postgres {
+    (@one $module:ident $variant:ident [$($common:ident),*] [$($extra:ident),*]) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test($crate::common::Backend::Postgres).await
+                async fn $common() {
+                    super::$common($crate::common::Backend::$variant).await
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $extra() {
+                    super::$extra($crate::common::Backend::$variant).await
                 }
             )*
         }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test($crate::common::Backend::Mysql).await
-                }
-            )*
-        }
-        mod local {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test($crate::common::Backend::Local).await
-                }
-            )*
-        }
+    };
+    (
+        [$($common:ident),* $(,)?]
+        postgres: [$($pg:ident),* $(,)?],
+        mysql: [$($my:ident),* $(,)?],
+        local: [$($lo:ident),* $(,)?] $(,)?
+    ) => {
+        $crate::for_each_backend!(@one postgres Postgres [$($common),*] [$($pg),*]);
+        $crate::for_each_backend!(@one mysql Mysql [$($common),*] [$($my),*]);
+        $crate::for_each_backend!(@one local Local [$($common),*] [$($lo),*]);
     };
 }

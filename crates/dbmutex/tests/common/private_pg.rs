@@ -26,45 +26,33 @@
 //! Binaries come from `DBMUTEX_PG_BINDIR`, else the newest
 //! `/usr/lib/postgresql/*/bin`, else `PATH`.
 //!
-//! How it is stopped, whatever happens to the test process:
-//! - `Drop` (a test's own instance) and an `atexit` hook (shared instances)
-//!   run `pg_ctl stop -m immediate` and remove the directory;
-//! - a watchdog (`sh`, signals ignored) holds a pipe from the test process
-//!   and does the same when the pipe closes, so a test binary killed with
-//!   SIGKILL or Ctrl-C leaves no server behind;
-//! - and `start` first sweeps stale `dbmutex-private-pg-*` directories whose
-//!   owning process is gone (in case the watchdog was killed too).
+//! How it is stopped (`pg_ctl stop -m immediate`, directory removed),
+//! whatever happens to the test process: `Drop` for a test's own instance,
+//! an `atexit` hook for shared ones, and a watchdog plus a sweep of stale
+//! directories for a test process that was killed (see `private.rs`).
+//!
+//! `PrivatePg::start_tls(settings)` also turns TLS on (`ssl = on`, a
+//! self-signed certificate for 127.0.0.1 made with `openssl`), for tests of
+//! `sslmode`: the shared server need not offer TLS.
 #![allow(dead_code)]
 
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
-/// The prefix of every private instance's directory under `$TMPDIR`.
+use super::private::{atexit, free_port, is_root, run, user_ids, Instance};
+
+/// The prefix of every private instance's directory under `$TMPDIR`
+/// (`scripts/chaos.sh` uses it too, so the sweep covers its servers).
 pub const DIR_PREFIX: &str = "dbmutex-private-pg-";
 
 /// A PostgreSQL server of this test process, on 127.0.0.1.
 pub struct PrivatePg {
-    dir: PathBuf,
+    instance: Instance,
     port: u16,
     bindir: PathBuf,
     settings: Vec<(String, String)>,
-    /// The watchdog and the write end of its pipe; `None` once stopped.
-    watchdog: Mutex<Option<(Child, ChildStdin)>>,
-}
-
-extern "C" {
-    fn geteuid() -> u32;
-    fn atexit(cb: extern "C" fn()) -> i32;
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { geteuid() == 0 }
+    tls: bool,
 }
 
 /// The directory of `initdb`, `pg_ctl`, `postgres`.
@@ -99,80 +87,13 @@ fn pg_command(bindir: &Path, program: &str) -> Command {
     }
 }
 
-/// Runs `cmd` to completion, panicking with its output (and `context`) on failure.
-fn run(mut cmd: Command, what: &str, context: impl FnOnce() -> String) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("private PostgreSQL: cannot run {what} ({cmd:?}): {e}"));
-    if !out.status.success() {
-        panic!(
-            "private PostgreSQL: {what} failed ({}):\n{}{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            context()
-        );
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a loopback port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `pid starttime` of a process, which together identify it across pid reuse.
-fn process_identity(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22 (starttime); fields after the parenthesised command name.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let start = rest.split_whitespace().nth(19)?;
-    Some(format!("{pid} {start}"))
-}
-
-/// Stops and removes every private instance whose owning process is gone.
-fn sweep_stale(bindir: &Path) {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !name.starts_with(DIR_PREFIX) {
-            continue;
-        }
-        let dir = e.path();
-        let Ok(owner) = std::fs::read_to_string(dir.join("owner")) else {
-            continue; // being created right now, or not ours
-        };
-        let owner = owner.trim();
-        let alive = owner
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<u32>().ok())
-            .and_then(process_identity)
-            .is_some_and(|id| id == owner);
-        if !alive {
-            stop_and_remove(bindir, &dir);
-        }
-    }
-}
-
-fn stop_and_remove(bindir: &Path, dir: &Path) {
-    if dir.join("data/postmaster.pid").exists() {
-        let _ = pg_command(bindir, "pg_ctl")
-            .arg("-D")
-            .arg(dir.join("data"))
-            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    let _ = std::fs::remove_dir_all(dir);
+/// Shell code that stops the server whose instance directory is `$1`.
+fn stop_sh(bindir: &Path) -> String {
+    let as_postgres = if is_root() { "runuser -u postgres -- " } else { "" };
+    format!(
+        "if [ -f \"$1/data/postmaster.pid\" ]; then {as_postgres}'{}' -D \"$1/data\" -m immediate -w -t 30 stop >/dev/null 2>&1; fi",
+        bindir.join("pg_ctl").display()
+    )
 }
 
 /// The shared instances of this process, stopped by the atexit hook.
@@ -195,38 +116,30 @@ impl PrivatePg {
     /// `test`. Stopped (and its directory removed) on drop. Panics with the
     /// server log when it cannot start.
     pub fn start(settings: &[(&str, &str)]) -> PrivatePg {
-        static N: AtomicU64 = AtomicU64::new(0);
+        Self::start_with(settings, false)
+    }
+
+    /// As [`PrivatePg::start`], with TLS on: `ssl = on` and a self-signed
+    /// certificate for 127.0.0.1 (`openssl req -x509`), so `sslmode=require`
+    /// connects encrypted and `verify-full` fails (unknown issuer).
+    pub fn start_tls(settings: &[(&str, &str)]) -> PrivatePg {
+        Self::start_with(settings, true)
+    }
+
+    fn start_with(settings: &[(&str, &str)], tls: bool) -> PrivatePg {
         let bindir = bindir();
-        sweep_stale(&bindir);
-        let dir = std::env::temp_dir().join(format!(
-            "{DIR_PREFIX}{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the private PostgreSQL directory");
-        std::fs::write(
-            dir.join("owner"),
-            process_identity(std::process::id()).expect("/proc/self/stat"),
-        )
-        .unwrap();
-        if is_root() {
-            let (uid, gid) = postgres_ids();
-            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
-                .expect("chown the private PostgreSQL directory");
-        }
+        // The watchdog first: from here on the directory goes away with us.
+        let instance = Instance::create(DIR_PREFIX, stop_sh(&bindir), "postgres");
         let settings: Vec<(String, String)> = settings
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        // The watchdog first: from here on the directory goes away with us.
-        let watchdog = spawn_watchdog(&bindir, &dir);
         let mut pg = PrivatePg {
-            dir,
+            instance,
             port: 0,
             bindir,
             settings,
-            watchdog: Mutex::new(Some(watchdog)),
+            tls,
         };
         let mut init = pg_command(&pg.bindir, "initdb");
         init.arg("-D").arg(pg.data()).args([
@@ -240,6 +153,30 @@ impl PrivatePg {
             "--no-instructions",
         ]);
         run(init, "initdb", String::new);
+        let mut extra = String::new();
+        if tls {
+            let (crt, key) = (pg.dir().join("server.crt"), pg.dir().join("server.key"));
+            let mut req = Command::new("openssl");
+            req.args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+                .args(["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"])
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&crt);
+            run(req, "openssl req (a self-signed certificate)", String::new);
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            if is_root() {
+                let (uid, gid) = user_ids("postgres");
+                for f in [&crt, &key] {
+                    std::os::unix::fs::chown(f, Some(uid), Some(gid)).unwrap();
+                }
+            }
+            extra = format!(
+                "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                crt.display(),
+                key.display()
+            );
+        }
         // A free port can be taken by someone else before the server binds
         // it: try a few.
         let conf = std::fs::read_to_string(pg.data().join("postgresql.conf")).unwrap();
@@ -257,9 +194,10 @@ impl PrivatePg {
                  shared_buffers = 16MB\n\
                  max_wal_senders = 0\n\
                  wal_level = minimal\n\
-                 logging_collector = off\n",
+                 logging_collector = off\n\
+                 {extra}",
                 pg.port,
-                pg.dir.display()
+                pg.dir().display()
             ));
             for (k, v) in &pg.settings {
                 text.push_str(&format!("{k} = {v}\n"));
@@ -318,7 +256,7 @@ impl PrivatePg {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pg) = shared.iter().find(|pg| pg.settings == want) {
+        if let Some(pg) = shared.iter().find(|pg| pg.settings == want && !pg.tls) {
             return pg;
         }
         static HOOK: OnceLock<()> = OnceLock::new();
@@ -333,9 +271,12 @@ impl PrivatePg {
         pg
     }
 
-    /// `postgres://postgres@127.0.0.1:<port>/test?sslmode=disable`.
+    /// `postgres://postgres@127.0.0.1:<port>/test?sslmode=disable`
+    /// (`sslmode=prefer` for a TLS instance; set another `sslmode` by
+    /// replacing it).
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/test?sslmode=disable", self.port)
+        let mode = if self.tls { "prefer" } else { "disable" };
+        format!("postgres://postgres@127.0.0.1:{}/test?sslmode={mode}", self.port)
     }
 
     pub fn port(&self) -> u16 {
@@ -344,21 +285,21 @@ impl PrivatePg {
 
     /// The instance's directory (data directory in `data/`, log in `log`).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.instance.dir()
     }
 
     fn data(&self) -> PathBuf {
-        self.dir.join("data")
+        self.dir().join("data")
     }
 
     /// The server log so far (for assertion messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir().join("log")).unwrap_or_default()
     }
 
     fn pg_ctl(&self) -> Command {
         let mut c = pg_command(&self.bindir, "pg_ctl");
-        c.arg("-D").arg(self.data()).arg("-l").arg(self.dir.join("log"));
+        c.arg("-D").arg(self.data()).arg("-l").arg(self.dir().join("log"));
         c
     }
 
@@ -387,22 +328,7 @@ impl PrivatePg {
     /// Stops the server at once (`-m immediate`, as a crash would) and
     /// removes its directory. Idempotent; also what drop does.
     pub fn stop(&self) {
-        let taken = self.watchdog.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some((mut child, stdin)) = taken {
-            // Closing the pipe tells the watchdog to stop the server and
-            // remove the directory; wait for it (bounded).
-            drop(stdin);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while Instant::now() < deadline {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => return,
-                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-            // The watchdog is stuck: do it here.
-            let _ = child.kill();
-            stop_and_remove(&self.bindir, &self.dir);
-        }
+        self.instance.stop();
     }
 }
 
@@ -410,46 +336,4 @@ impl Drop for PrivatePg {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The uid and gid of the `postgres` OS user.
-fn postgres_ids() -> (u32, u32) {
-    let passwd = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
-    for line in passwd.lines() {
-        let f: Vec<&str> = line.split(':').collect();
-        if f.len() > 3 && f[0] == "postgres" {
-            return (f[2].parse().unwrap(), f[3].parse().unwrap());
-        }
-    }
-    panic!("running as root, but there is no `postgres` OS user to run a private PostgreSQL as");
-}
-
-/// A shell that waits for its stdin to close (we exited or dropped the
-/// instance), then stops the server and removes the directory. It ignores
-/// SIGINT/SIGTERM/SIGHUP and runs in a process group of its own, so a
-/// Ctrl-C or a timeout that kills the test's process group still gets
-/// cleaned up.
-fn spawn_watchdog(bindir: &Path, dir: &Path) -> (Child, ChildStdin) {
-    let pg_ctl = bindir.join("pg_ctl");
-    let as_postgres = if is_root() { "runuser -u postgres -- " } else { "" };
-    let script = format!(
-        "trap '' INT TERM HUP; cat >/dev/null; \
-         if [ -f \"$1/data/postmaster.pid\" ]; then {as_postgres}\"$2\" -D \"$1/data\" -m immediate -w -t 30 stop >/dev/null 2>&1; fi; \
-         rm -rf \"$1\""
-    );
-    let mut child = Command::new("sh")
-        // A process group of its own: a signal to the test's group (a
-        // runner's timeout) does not reach it.
-        .process_group(0)
-        .args(["-c", &script, "dbmutex-private-pg-watchdog"])
-        .arg(dir)
-        .arg(pg_ctl)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the private PostgreSQL watchdog (sh)");
-    let mut stdin = child.stdin.take().unwrap();
-    let _ = stdin.flush();
-    (child, stdin)
 }
