@@ -39,8 +39,11 @@
 //! [`Error::Connect`]. No wait outlives its bound by more than that margin.
 //!
 //! If an acquisition is dropped while `GET_LOCK` runs on a session of its
-//! own, that session is killed (`KILL CONNECTION` from another connection),
-//! so the abandoned wait can never take the lock later. A nested
+//! own, that session is killed (`KILL CONNECTION` from another connection,
+//! sent in the background), so the abandoned wait cannot keep the lock. If
+//! the holder releases in the few milliseconds before the `KILL` lands, the
+//! abandoned session may take the lock for that moment; the `KILL` then
+//! frees it (the next waiter is delayed, no one runs unprotected). A nested
 //! acquisition runs on the enclosing lock's session, which must survive: its
 //! wait runs in a task of its own, and when the acquisition is dropped that
 //! task ends the statement with `KILL QUERY` (from another connection),
