@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{pg_raw, unique, Backend};
+use common::{unique, Backend};
 use dbmutex::{LockOptions, Locker};
 
 const SECRET: &str = "hunter2-dbmutex-secret";
@@ -151,7 +151,9 @@ async fn passwords_never_reach_errors_logs_or_debug() {
 /// hidden. Its own locks' names it sees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn introspection_shows_only_what_the_role_may_see() {
-    let admin = pg_raw().await;
+    // Roles are server-wide: on a private server, not the shared one.
+    let pg = common::PrivatePg::start(&[]);
+    let admin = pg.raw().await;
     admin
         .batch_execute(
             "DO $$ BEGIN CREATE ROLE dbmutex_viewer LOGIN; \
@@ -159,7 +161,7 @@ async fn introspection_shows_only_what_the_role_may_see() {
         )
         .await
         .unwrap();
-    let viewer_url = common::pg_url().replacen("://postgres@", "://dbmutex_viewer@", 1);
+    let viewer_url = pg.url().replacen("://postgres@", "://dbmutex_viewer@", 1);
     assert!(viewer_url.contains("dbmutex_viewer"), "{viewer_url}");
     let viewer = match Locker::connect(&viewer_url).await {
         Ok(l) => l,
@@ -168,7 +170,7 @@ async fn introspection_shows_only_what_the_role_may_see() {
             dbmutex::redact_url(&viewer_url)
         ),
     };
-    let owner = Backend::Postgres.locker().await;
+    let owner = Locker::connect(&pg.url()).await.unwrap();
     let (theirs, mine) = (unique("sec-theirs"), unique("sec-mine"));
     let g1 = owner.lock(theirs.as_str()).await.unwrap();
     let g2 = viewer.lock(mine.as_str()).await.unwrap();
