@@ -591,3 +591,60 @@ async fn per_statement_checks_alone_round_robin() {
 async fn per_statement_checks_alone_lifo() {
     per_statement_checks_alone(false).await;
 }
+
+/// A holder the pooler moves to another server session while it holds a
+/// lock (connect-time check skipped, round robin over two sessions): its
+/// next heartbeat lands on the other session, the guard reports the loss,
+/// and its own server session is ended, so the lock is not orphaned. Ten
+/// trials, each on a fresh pooler (claims stay on pooled server sessions, so
+/// later clients on the same pooler are refused at once); prints how long
+/// the loss took to be reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_moved_by_the_pooler_is_told_and_its_lock_freed() {
+    let direct = Locker::connect(&common::pg_url()).await.unwrap();
+    let keepalive = Duration::from_millis(100);
+    let mut told = Vec::new();
+    let mut attempts = 0;
+    while told.len() < 10 {
+        attempts += 1;
+        assert!(
+            attempts <= 100,
+            "only {} of 100 attempts held a lock: {told:?}",
+            told.len()
+        );
+        let bouncer = PgBouncer::start_with("transaction", 2, true).await;
+        warm(&bouncer, 2).await;
+        let name = unique("pgb-moved");
+        let locker = Locker::builder(&bouncer.url())
+            .keepalive(keepalive)
+            .skip_pooler_check_for_tests()
+            .connect()
+            .await
+            .expect("connect through pgbouncer");
+        // The lock statement itself may land on the other session (then it
+        // locks nothing and says so): try again on a fresh pooler.
+        let g = match locker.try_lock(name.as_str()).await {
+            Ok(Some(g)) => g,
+            Ok(None) => panic!("a fresh name is free"),
+            Err(Error::Unsupported(_)) => continue,
+            Err(e) => panic!("{e:?}"),
+        };
+        let t = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), g.lost())
+            .await
+            .expect("the move is noticed by the next heartbeat");
+        told.push(t.elapsed());
+        assert!(!g.is_held());
+        // The guard is told first; the server session is ended just after.
+        let (d, n) = (&direct, name.as_str());
+        assert!(
+            common::eventually(
+                Duration::from_secs(3),
+                || async move { common::free_for(d, n).await }
+            )
+            .await,
+            "the moved holder's server session was ended: its lock is free"
+        );
+    }
+    println!("moved holders told after {told:?} ({attempts} attempts)");
+}
