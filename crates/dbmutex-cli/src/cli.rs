@@ -110,7 +110,7 @@ pub struct RunArgs {
         long,
         value_name = "SECONDS",
         value_parser = parse_seconds,
-        default_value = "5",
+        default_value = "1",
         allow_hyphen_values = true
     )]
     pub kill_after: Duration,
