@@ -203,6 +203,39 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// Starts `dbmutex run NAME` (plus `opts`) with a command that starts
+    /// `grandchild` in the background, writes its pid to a file and waits.
+    /// In `grandchild`, `READY` stands for a file it must create once it is
+    /// set up (signal handlers installed). Returns once that file exists,
+    /// with the grandchild's pid.
+    fn hold_tree(&self, name: &str, opts: &[&str], grandchild: &str) -> (Proc, i32) {
+        let n = unique();
+        let pidfile = self.marker(&format!("grandchild-{n}"));
+        let ready = self.marker(&format!("grandchild-ready-{n}"));
+        let grandchild = grandchild.replace("READY", &ready.display().to_string());
+        let script = format!("{grandchild} & echo $! > '{}'; wait", pidfile.display());
+        let p = self.hold(name, opts, &script);
+        let mut pid = None;
+        let started = eventually(Duration::from_secs(15), || {
+            pid = std::fs::read_to_string(&pidfile)
+                .ok()
+                .filter(|s| s.ends_with('\n'))
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            pid.is_some() && ready.exists()
+        });
+        assert!(started, "[{}] the grandchild never got ready", self.kind);
+        let pid = pid.unwrap();
+        assert!(alive(pid), "[{}] the grandchild {pid} is not running", self.kind);
+        (p, pid)
+    }
+}
+
+/// A grandchild for [`Backend::hold_tree`] that sleeps.
+const SLEEPER: &str = "sh -c \"touch 'READY'; exec sleep 1000\"";
+/// A grandchild that ignores SIGTERM (SIG_IGN survives the exec).
+const TERM_IGNORING_SLEEPER: &str = "sh -c \"trap '' TERM; touch 'READY'; exec sleep 1000\"";
+
 impl Drop for Backend {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -213,6 +246,10 @@ impl Drop for Backend {
 struct Proc(Option<Child>);
 
 impl Proc {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().unwrap()
+    }
+
     fn pid(&self) -> i32 {
         self.0.as_ref().unwrap().id() as i32
     }
@@ -296,6 +333,98 @@ fn describe(status: &ExitStatus, stderr: &[u8]) -> String {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Whether process `pid` can still run: false once it is gone or a zombie
+/// (a zombie is dead; only its parent's wait is missing, and a container's
+/// init may never do that wait).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+/// How long until `pid` is no longer alive, polled every 5 ms from `since`;
+/// `None` if it still lives after `limit`.
+fn gone_within(pid: i32, since: Instant, limit: Duration) -> Option<Duration> {
+    while alive(pid) {
+        if since.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Some(since.elapsed())
+}
+
+/// The children of process `pid`, from /proc.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut kids = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
+                kids.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    kids
+}
+
+/// A child's stderr, read line by line on a thread, so a test can wait for
+/// a message (an event) instead of sleeping.
+struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn of(child: &mut Child) -> Lines {
+        use std::io::BufRead;
+        let err = child.stderr.take().expect("stderr piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines { rx, seen: Vec::new() }
+    }
+
+    /// Waits (at most `limit`) for a line containing `needle`.
+    fn wait_for(&mut self, needle: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        if self.seen.iter().any(|l| l.contains(needle)) {
+            return true;
+        }
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.seen.push(line);
+                    if hit {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Everything read so far and up to end-of-file, one string.
+    fn all(mut self) -> String {
+        while let Ok(line) = self.rx.recv_timeout(Duration::from_secs(30)) {
+            self.seen.push(line);
+        }
+        self.seen.join("\n")
+    }
 }
 
 /// Polls `cond` every 20 ms until it holds or `limit` passes.
@@ -651,6 +780,188 @@ fn prefix_separates_locks(b: &Backend) {
     assert_eq!(code(&out), 75, "{}", stderr(&out));
 }
 
+/// A signal to dbmutex reaches the command's whole process group: here a
+/// grandchild that handles SIGTERM; dbmutex exits only once it is gone.
+fn sigterm_reaches_the_grandchild(b: &Backend) {
+    let name = b.name("tree-term");
+    let got = b.marker("grandchild-got-term");
+    let grandchild = format!(
+        "sh -c \"trap 'touch {}; exit 0' TERM; touch 'READY'; sleep 1000 & wait\"",
+        got.display()
+    );
+    let (mut p, gpid) = b.hold_tree(&name, &[], &grandchild);
+    p.signal(libc::SIGTERM);
+    let out = p.finish();
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert!(got.exists(), "[{}] the grandchild did not get SIGTERM", b.kind);
+    assert!(!alive(gpid), "[{}] the grandchild outlived dbmutex", b.kind);
+    b.assert_free(&name);
+}
+
+/// kill -9 of dbmutex: the guardian stops the whole tree, grandchildren
+/// included (one that ignores SIGTERM gets SIGKILL after --kill-after, 1 s
+/// by default), and then exits itself. Bound: 1 s (+ kill-after for a
+/// SIGTERM-ignoring tree); asserted with a margin for a loaded machine.
+fn kill_9_stops_the_whole_tree(b: &Backend) {
+    for (tag, grandchild, bound) in [
+        ("tree-kill9", SLEEPER, Duration::from_secs(1)),
+        ("tree-kill9-ignore", TERM_IGNORING_SLEEPER, Duration::from_secs(2)),
+    ] {
+        let name = b.name(tag);
+        let (mut p, gpid) = b.hold_tree(&name, &[], grandchild);
+        let kids = children_of(p.pid());
+        assert_eq!(
+            kids.len(),
+            2,
+            "[{}] dbmutex should have the command and its guardian: {kids:?}",
+            b.kind
+        );
+        p.signal(libc::SIGKILL);
+        let killed = Instant::now();
+        assert_eq!(code(&p.finish()), -libc::SIGKILL);
+        let margin = Duration::from_secs(2);
+        let took = gone_within(gpid, killed, bound + margin);
+        eprintln!(
+            "[{}] {tag}: grandchild gone {took:?} after kill -9 of dbmutex (bound {bound:?})",
+            b.kind
+        );
+        assert!(
+            took.is_some(),
+            "[{}] {tag}: the grandchild still runs {:?} after kill -9 of dbmutex",
+            b.kind,
+            bound + margin
+        );
+        for kid in kids {
+            let took = gone_within(kid, killed, bound + margin);
+            assert!(
+                took.is_some(),
+                "[{}] {tag}: dbmutex's child {kid} still runs",
+                b.kind
+            );
+        }
+        b.assert_free(&name);
+    }
+}
+
+/// The command exits but leaves a process in its group: dbmutex stops it
+/// before releasing the lock, and passes the command's status on.
+fn leftovers_stopped_before_release(b: &Backend) {
+    let name = b.name("tree-leftover");
+    for grandchild in [SLEEPER, TERM_IGNORING_SLEEPER] {
+        let n = unique();
+        let pidfile = b.marker(&format!("leftover-pid-{n}"));
+        let ready = b.marker(&format!("leftover-ready-{n}"));
+        let grandchild = grandchild.replace("READY", &ready.display().to_string());
+        // The command waits for its grandchild to be set up, then exits 3.
+        let script = format!(
+            "{grandchild} & echo $! > '{}'; while [ ! -e '{}' ]; do sleep 0.01; done; exit 3",
+            pidfile.display(),
+            ready.display()
+        );
+        let out = b.run(&["run", "--kill-after", "0.3", &name, "--", "sh", "-c", &script]);
+        assert_eq!(code(&out), 3, "{}", stderr(&out));
+        let gpid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(!alive(gpid), "[{}] {grandchild:?} outlived the lock", b.kind);
+        assert!(stderr(&out).contains("left processes"), "{}", stderr(&out));
+        b.assert_free(&name);
+    }
+}
+
+/// `dbmutex run ARGS` on a fresh pseudo-terminal (util-linux `script`), as
+/// from an interactive shell: stdin and stdout are the terminal.
+fn on_a_terminal(b: &Backend, args: &str) -> Child {
+    let line = format!("'{BIN}' {args}");
+    let mut c = b.cmd(&[]);
+    let envs: Vec<_> = c
+        .get_envs()
+        .map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned())))
+        .collect();
+    c = Command::new("script");
+    c.args(["-qec", &line, "/dev/null"]);
+    for (k, v) in envs {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.env("SHELL", "/bin/sh")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start script(1) (util-linux) for a pseudo-terminal")
+}
+
+/// Reads `r` until `needle` has appeared (at most `limit`).
+fn read_until(r: &mut impl Read, needle: &str, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} within {limit:?}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        let n = r.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "end of output before {needle:?}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Waits for a raw child (at most 30 s).
+fn finish_child(mut c: Child) -> ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            panic!("did not finish within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// On a terminal the command's group gets the terminal: it can read from it
+/// (a background group would be stopped by SIGTTIN) and a Ctrl-C typed on it
+/// reaches the command once (exit 130).
+fn terminal_belongs_to_the_command(b: &Backend) {
+    let name = b.name("tty");
+    let mut t = on_a_terminal(
+        b,
+        &format!("run '{name}' -- sh -c 'echo ready; read line; echo got-$line'"),
+    );
+    let mut out = t.stdout.take().unwrap();
+    read_until(&mut out, "ready", Duration::from_secs(15));
+    t.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    read_until(&mut out, "got-hello", Duration::from_secs(15));
+    assert!(finish_child(t).success());
+
+    let name = b.name("tty-intr");
+    let ran = b.marker("tty-after-intr");
+    let mut t = on_a_terminal(
+        b,
+        &format!(
+            "run '{name}' -- sh -c 'echo ready; sleep 1000; touch {}'",
+            ran.display()
+        ),
+    );
+    let mut out = t.stdout.take().unwrap();
+    read_until(&mut out, "ready", Duration::from_secs(15));
+    t.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+    let status = finish_child(t);
+    assert_eq!(status_code(&status), 130, "Ctrl-C: {status}");
+    assert!(!ran.exists());
+    b.assert_free(&name);
+}
+
 // ---------------------------------------------------------------------------
 // Tests for some backends
 
@@ -679,6 +990,40 @@ fn lock_loss_stops_command_exit_70(b: &Backend) {
     let out = p.finish();
     assert_eq!(code(&out), 70, "{}", stderr(&out));
     assert!(stderr(&out).contains("SIGKILL"), "{}", stderr(&out));
+}
+
+/// Lock loss stops the whole tree, grandchildren included, before dbmutex
+/// exits 70; a grandchild that ignores SIGTERM gets SIGKILL after
+/// --kill-after. Bound: the backend's loss detection plus --kill-after.
+fn lock_loss_stops_the_whole_tree(b: &Backend) {
+    for (tag, grandchild, kill_after) in [
+        ("tree-loss", SLEEPER, "1"),
+        ("tree-loss-ignore", TERM_IGNORING_SLEEPER, "0.5"),
+    ] {
+        let name = b.name(tag);
+        let (mut p, gpid) = b.hold_tree(&name, &["--kill-after", kill_after], grandchild);
+        b.kill_holder_session(&name);
+        let killed = Instant::now();
+        let out = p.finish();
+        let exited = killed.elapsed();
+        assert_eq!(code(&out), 70, "{}", stderr(&out));
+        assert!(
+            !alive(gpid),
+            "[{}] {tag}: the grandchild still runs after dbmutex exited 70",
+            b.kind
+        );
+        eprintln!(
+            "[{}] {tag}: dbmutex exited 70 with the tree gone {exited:?} after the session was killed (--kill-after {kill_after})",
+            b.kind
+        );
+        // Loss detection (about 1 s at worst today) + kill-after + margin.
+        assert!(
+            exited < Duration::from_secs(5),
+            "[{}] {tag}: took {exited:?}",
+            b.kind
+        );
+        b.assert_free(&name);
+    }
 }
 
 /// Row 69: an unreachable server fails fast, and the command does not run.
@@ -893,8 +1238,11 @@ backend_tests! {
         status_reports_holders,
         list_shows_held_locks,
         prefix_separates_locks,
+        sigterm_reaches_the_grandchild,
+        kill_9_stops_the_whole_tree,
+        leftovers_stopped_before_release,
     ]
-    postgres: [lock_loss_stops_command_exit_70, unreachable_server_exits_69, shared_and_exclusive, transaction_lock],
-    mysql: [lock_loss_stops_command_exit_70, unreachable_server_exits_69, unsupported_options_exit_64],
-    local: [shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
+    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock],
+    mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64],
+    local: [terminal_belongs_to_the_command, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
 }
