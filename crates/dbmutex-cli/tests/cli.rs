@@ -589,7 +589,16 @@ fn usage_errors_exit_64(b: &Backend) {
         assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
     }
     let help = String::from_utf8(b.run(&["--help"]).stdout).unwrap();
-    for needle in ["Exit status", "75 (or -E N)", "64", "69", "70", "Examples:"] {
+    for needle in [
+        "Exit status",
+        "75 (or -E N)",
+        "64",
+        "69",
+        "70",
+        "78",
+        "Examples:",
+        "process group",
+    ] {
         assert!(help.contains(needle), "--help lacks {needle:?}");
     }
 }
@@ -1224,9 +1233,192 @@ fn exit_table_is_in_help() {
         "--verbose",
         "--quiet",
         "--database-url",
+        "--kill-after",
+        "--require-database",
     ] {
         assert!(help.contains(flag), "run --help lacks {flag}");
     }
+}
+
+/// The local backend's default directory, as a test process can see it.
+const DEFAULT_LOCK_DIR: &str = "/run/lock/dbmutex";
+
+/// `dbmutex ARGS` with no lock directory or database chosen: the local
+/// backend's host-wide default.
+fn default_local(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("DBMUTEX_DATABASE_URL")
+        .env_remove("DATABASE_URL")
+        .env_remove("DBMUTEX_LOCK_DIR")
+        .env_remove("DBMUTEX_REQUIRE_DATABASE")
+        .env_remove("WITH_ADVISORY_LOCK_PREFIX")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Removes this test's lock file from the shared default directory (unique
+/// names: nobody else uses it), leaving the directory as it was.
+struct RemoveDefaultLockFile(PathBuf);
+
+impl Drop for RemoveDefaultLockFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Without DBMUTEX_LOCK_DIR the local backend locks in one directory per
+/// host: a holder started with one environment excludes `env -i` (as cron
+/// runs jobs), other XDG_RUNTIME_DIR/HOME/TMPDIR values, and (when the
+/// tests run as root) another user.
+#[test]
+fn default_lock_dir_is_one_per_host() {
+    assert!(
+        std::path::Path::new("/run/lock").is_dir(),
+        "this test expects /run/lock (Debian); elsewhere the default differs"
+    );
+    let b = Backend::new("local");
+    let name = b.name("default-dir");
+    let key = b.key_json(&name);
+    let file = PathBuf::from(DEFAULT_LOCK_DIR).join(key["local"].as_str().unwrap());
+    let _cleanup = RemoveDefaultLockFile(file.clone());
+    let started = b.marker("started");
+    let a_env = b.marker("env-a");
+    std::fs::create_dir_all(&a_env).unwrap();
+    let holder = default_local(&[
+        "run",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        &format!("touch '{}'; exec sleep 30", started.display()),
+    ])
+    .env("XDG_RUNTIME_DIR", &a_env)
+    .env("HOME", &a_env)
+    .env("TMPDIR", &a_env)
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut holder = Proc(Some(holder));
+    assert!(
+        eventually(Duration::from_secs(15), || started.exists()),
+        "the holder never ran"
+    );
+    assert!(
+        file.exists(),
+        "the lock file is not in {DEFAULT_LOCK_DIR}: {}",
+        file.display()
+    );
+    let mode = std::fs::symlink_metadata(DEFAULT_LOCK_DIR).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        mode.mode() & 0o7777,
+        0o1777,
+        "{DEFAULT_LOCK_DIR} is not sticky and shared"
+    );
+
+    let try_once = ["run", "-n", &name, "--", "true"];
+    let mut cron_like = Command::new("env");
+    cron_like.args(["-i", "PATH=/usr/bin:/bin", BIN]).args(try_once);
+    let mut other_env = default_local(&try_once);
+    other_env
+        .env("XDG_RUNTIME_DIR", "/run/user/4242")
+        .env("HOME", "/nonexistent")
+        .env("TMPDIR", "/var/tmp");
+    let mut cases = vec![
+        ("env -i", cron_like),
+        ("other XDG_RUNTIME_DIR/HOME/TMPDIR", other_env),
+    ];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let mut other_user = Command::new("setpriv");
+        other_user
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "env",
+                "-i",
+                "PATH=/usr/bin:/bin",
+                BIN,
+            ])
+            .args(try_once);
+        cases.push(("another user (nobody)", other_user));
+    } else {
+        eprintln!("not root: the other-user case needs root to switch users");
+    }
+    for (what, mut c) in cases {
+        let out = c.stdin(Stdio::null()).output().unwrap();
+        assert_eq!(code(&out), 75, "{what} did not contend: {}", stderr(&out));
+    }
+    holder.signal(libc::SIGTERM);
+    assert_eq!(code(&holder.finish()), 143);
+    let out = Command::new("env")
+        .args(["-i", "PATH=/usr/bin:/bin", BIN])
+        .args(try_once)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "free after the release: {}", stderr(&out));
+}
+
+/// `--require-database` / DBMUTEX_REQUIRE_DATABASE=1: no database URL is a
+/// configuration error (78), and the command does not run.
+#[test]
+fn require_database_refuses_the_local_fallback() {
+    let b = Backend::new("local");
+    let name = b.name("require");
+    let ran = b.marker("ran");
+    let touch = format!("touch '{}'", ran.display());
+    for (what, mut c) in [
+        ("flag", b.cmd(&["--require-database", "run", &name, "-c", &touch])),
+        (
+            "flag after run",
+            b.cmd(&["run", "--require-database", &name, "-c", &touch]),
+        ),
+        ("env", b.cmd(&["run", &name, "-c", &touch])),
+        (
+            "file:// URL",
+            b.cmd(&["--database-url", "file:///tmp", "run", &name, "-c", &touch]),
+        ),
+    ] {
+        if what != "flag" && what != "flag after run" {
+            c.env("DBMUTEX_REQUIRE_DATABASE", "1");
+        }
+        let out = c.output().unwrap();
+        assert_eq!(code(&out), 78, "{what}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("require-database"),
+            "{what}: {}",
+            stderr(&out)
+        );
+        assert!(!ran.exists(), "{what}: the command ran");
+    }
+    let for_status = b
+        .cmd(&["status", &name])
+        .env("DBMUTEX_REQUIRE_DATABASE", "yes")
+        .output()
+        .unwrap();
+    assert_eq!(code(&for_status), 78, "{}", stderr(&for_status));
+    let typo = b
+        .cmd(&["run", &name, "--", "true"])
+        .env("DBMUTEX_REQUIRE_DATABASE", "maybe")
+        .output()
+        .unwrap();
+    assert_eq!(code(&typo), 64, "{}", stderr(&typo));
+    let off = b
+        .cmd(&["run", &name, "--", "true"])
+        .env("DBMUTEX_REQUIRE_DATABASE", "0")
+        .output()
+        .unwrap();
+    assert_eq!(code(&off), 0, "{}", stderr(&off));
+    // With a database URL it runs.
+    let pg = Backend::new("postgres");
+    let out = pg
+        .cmd(&["--require-database", "run", &pg.name("require"), "-c", &touch])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(ran.exists());
 }
 
 // ---------------------------------------------------------------------------
