@@ -96,8 +96,10 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    let terminal = Terminal::foreground();
-    let child = match program.spawn(guardian.report_fd(), terminal.as_ref().map(Terminal::raw_fd)) {
+    let terminal = Terminal::controlling();
+    // The group gets the terminal only if dbmutex has it (foreground job).
+    let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
+    let child = match program.spawn(guardian.report_fd(), give) {
         Ok(c) => c,
         Err(f) => {
             guardian.disarm();
@@ -110,7 +112,9 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         .supervise(&guard, &mut signals, args.kill_after, &name, say)
         .await;
     if let Some(t) = &tree.terminal {
-        t.take_back();
+        if t.is_owned_by(tree.pgid) {
+            t.take_back();
+        }
     }
     if ended.is_ok() {
         // The group is gone: nothing left for the guardian to stop. (On an
@@ -227,9 +231,10 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 struct Tree {
     child: Child,
     pgid: libc::pid_t,
-    /// `Some` while the group has the terminal (see [`Terminal`]).
+    /// dbmutex's controlling terminal, if any (see [`Terminal`]).
     terminal: Option<Terminal>,
-    /// SIGCHLD, to see the group stop (Ctrl-Z) when it has the terminal.
+    /// SIGCHLD, to see the command stop (Ctrl-Z, or SIGTTIN when it reads
+    /// the terminal from the background), when there is a terminal.
     sigchld: Option<Signal>,
 }
 
@@ -277,7 +282,7 @@ impl Tree {
                     self.stop(false, signals, kill_after, say).await?;
                     return Ok(Ended::Lost);
                 }
-                () = stopped(&mut self.sigchld, self.pgid) => self.suspend_with_the_group(),
+                sig = stopped(&mut self.sigchld, self.pgid) => self.on_stop(sig),
             }
         };
         // The command is done; what it left in its group must not outlive
@@ -344,17 +349,29 @@ impl Tree {
         Ok(())
     }
 
-    /// The group stopped (Ctrl-Z on its terminal): stop dbmutex too, so the
-    /// shell sees its job stopped and gets its terminal back; on `fg`, hand
-    /// the terminal to the group again and continue it.
-    fn suspend_with_the_group(&mut self) {
+    /// The command stopped with signal `sig`. Job control needs the shell to
+    /// see it, and the shell watches dbmutex, not the command's group:
+    ///
+    /// - Ctrl-Z (SIGTSTP) or SIGSTOP, or a read from the terminal while the
+    ///   job is in the background (SIGTTIN/SIGTTOU): dbmutex takes the
+    ///   terminal back (if the group had it) and stops itself, so the shell
+    ///   reports the job stopped. On `fg` (dbmutex continued in the
+    ///   foreground) the group gets the terminal and SIGCONT; on `bg`, SIGCONT
+    ///   only.
+    /// - SIGTTIN/SIGTTOU while dbmutex is in the foreground (it was moved
+    ///   there after the command started): the group gets the terminal and
+    ///   continues.
+    fn on_stop(&mut self, sig: i32) {
         let Some(t) = &self.terminal else { return };
-        t.take_back();
-        // SAFETY: kill(2) to ourselves; the default action of SIGTSTP (which
-        // dbmutex does not handle) stops the process until SIGCONT.
-        unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
-        // Continued. `fg` gave the terminal to our group: pass it on; `bg`
-        // did not: leave it with the shell.
+        let tty_stop = sig == libc::SIGTTIN || sig == libc::SIGTTOU;
+        if !(tty_stop && t.is_ours()) {
+            if t.is_owned_by(self.pgid) {
+                t.take_back();
+            }
+            // SAFETY: kill(2) to ourselves; the default action of SIGTSTP
+            // (which dbmutex does not handle) stops it until SIGCONT.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
+        }
         if t.is_ours() {
             t.give_to(self.pgid);
         }
@@ -364,14 +381,14 @@ impl Tree {
 
 /// Completes when the command (our child) has stopped; never when `sigchld`
 /// is `None`.
-async fn stopped(sigchld: &mut Option<Signal>, pid: libc::pid_t) {
+async fn stopped(sigchld: &mut Option<Signal>, pid: libc::pid_t) -> i32 {
     let Some(s) = sigchld else {
         return std::future::pending().await;
     };
     loop {
         s.recv().await;
-        if tree::child_stopped(pid) {
-            return;
+        if let Some(sig) = tree::child_stopped(pid) {
+            return sig;
         }
     }
 }

@@ -371,18 +371,17 @@ pub fn signal_group(pgid: libc::pid_t, sig: i32) {
     }
 }
 
-/// The controlling terminal, when dbmutex runs in its foreground process
-/// group: the command's group then gets the terminal while it runs, so it
+/// dbmutex's controlling terminal. When dbmutex is in its foreground
+/// process group, the command's group gets the terminal while it runs, so it
 /// can read from it (a background group would be stopped by SIGTTIN) and
-/// gets Ctrl-C, Ctrl-\ and Ctrl-Z from it directly.
+/// gets Ctrl-C, Ctrl-\\ and Ctrl-Z from it directly.
 pub struct Terminal {
     fd: OwnedFd,
 }
 
 impl Terminal {
-    /// `Some` when dbmutex has a controlling terminal and is in its
-    /// foreground process group.
-    pub fn foreground() -> Option<Terminal> {
+    /// `Some` when dbmutex has a controlling terminal.
+    pub fn controlling() -> Option<Terminal> {
         // SAFETY: open(2) of a constant path; the result is checked.
         let fd = unsafe {
             libc::open(
@@ -394,13 +393,15 @@ impl Terminal {
             return None;
         }
         // SAFETY: fd is a descriptor we just opened and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain queries of process and terminal state.
-        let ours = unsafe { libc::getpgrp() };
-        if unsafe { libc::tcgetpgrp(fd.as_raw_fd()) } != ours {
-            return None;
-        }
-        Some(Terminal { fd })
+        Some(Terminal {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Whether group `pgid` is the terminal's foreground group.
+    pub fn is_owned_by(&self, pgid: libc::pid_t) -> bool {
+        // SAFETY: a plain query of terminal state.
+        unsafe { libc::tcgetpgrp(self.fd.as_raw_fd()) == pgid }
     }
 
     pub fn raw_fd(&self) -> RawFd {
@@ -415,8 +416,8 @@ impl Terminal {
 
     /// Whether dbmutex's own group is the terminal's foreground group.
     pub fn is_ours(&self) -> bool {
-        // SAFETY: plain queries of process and terminal state.
-        unsafe { libc::tcgetpgrp(self.fd.as_raw_fd()) == libc::getpgrp() }
+        // SAFETY: getpgrp has no preconditions.
+        self.is_owned_by(unsafe { libc::getpgrp() })
     }
 
     /// Gives the terminal to group `pgid`.
@@ -442,9 +443,9 @@ pub fn give_terminal(fd: RawFd, pgid: libc::pid_t) {
     }
 }
 
-/// Whether our child `pid` has stopped (and was not reported yet). Does not
-/// reap: only stop reports are asked for.
-pub fn child_stopped(pid: libc::pid_t) -> bool {
+/// The signal that stopped our child `pid`, if it has stopped (and that
+/// was not reported yet). Does not reap: only stop reports are asked for.
+pub fn child_stopped(pid: libc::pid_t) -> Option<i32> {
     // SAFETY: waitid writes into our siginfo; WNOHANG never blocks, and
     // without WEXITED it never consumes an exit status.
     unsafe {
@@ -455,6 +456,6 @@ pub fn child_stopped(pid: libc::pid_t) -> bool {
             &mut info,
             libc::WSTOPPED | libc::WNOHANG,
         );
-        r == 0 && info.si_pid() == pid && info.si_code == libc::CLD_STOPPED
+        (r == 0 && info.si_pid() == pid && info.si_code == libc::CLD_STOPPED).then(|| info.si_status())
     }
 }
