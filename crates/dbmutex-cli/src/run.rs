@@ -84,6 +84,23 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         ));
     }
 
+    // With a terminal, dbmutex watches the command for stops (job control).
+    // Listen before the command exists: a SIGCHLD from a stop that comes
+    // before the listener would be missed, and the job would hang.
+    let terminal = Terminal::controlling();
+    let sigchld = match &terminal {
+        Some(_) => match signal(SignalKind::child()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let _ = release(guard).await;
+                return Err(Failure::new(
+                    exit::OS_ERROR,
+                    format!("cannot handle signals: {e}"),
+                ));
+            }
+        },
+        None => None,
+    };
     // The guardian first: from the moment the command exists, dbmutex's
     // death (even by SIGKILL) stops its whole process group.
     let guardian = match Guardian::start(args.kill_after) {
@@ -96,7 +113,6 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    let terminal = Terminal::controlling();
     // The group gets the terminal only if dbmutex has it (foreground job).
     let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
     let child = match program.spawn(guardian.report_fd(), give) {
@@ -107,7 +123,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
             return Err(f);
         }
     };
-    let mut tree = Tree::new(child, terminal)?;
+    let mut tree = Tree::new(child, terminal, sigchld)?;
     let ended = tree
         .supervise(&guard, &mut signals, args.kill_after, &name, say)
         .await;
@@ -239,16 +255,9 @@ struct Tree {
 }
 
 impl Tree {
-    fn new(child: Child, terminal: Option<Terminal>) -> Result<Tree, Failure> {
+    fn new(child: Child, terminal: Option<Terminal>, sigchld: Option<Signal>) -> Result<Tree, Failure> {
         let Some(pid) = child.id() else {
             return Err(Failure::new(exit::OS_ERROR, "the command vanished at its start"));
-        };
-        let sigchld = match &terminal {
-            Some(_) => Some(
-                signal(SignalKind::child())
-                    .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?,
-            ),
-            None => None,
         };
         Ok(Tree {
             child,
@@ -386,10 +395,12 @@ async fn stopped(sigchld: &mut Option<Signal>, pid: libc::pid_t) -> i32 {
         return std::future::pending().await;
     };
     loop {
-        s.recv().await;
+        // Check first: the stop may have come before this was first polled
+        // (the listener recorded its SIGCHLD, but stay on the safe side).
         if let Some(sig) = tree::child_stopped(pid) {
             return sig;
         }
+        s.recv().await;
     }
 }
 
