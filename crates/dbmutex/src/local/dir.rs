@@ -148,7 +148,10 @@ fn ensure_shared(dir: &Path) -> Result<PathBuf> {
             // ours now and the parent is sticky, so nobody can swap it
             // before this chmod.
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).map_err(|e| {
-                io_error(format!("cannot set the mode of lock directory {}", dir.display()), e)
+                io_error(
+                    format!("cannot set the mode of lock directory {}", dir.display()),
+                    e,
+                )
             })?;
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -206,14 +209,17 @@ mod tests {
         let p = |s: &str| PathBuf::from(s);
         assert_eq!(choose(Some(p("/given")), os("/env")), Choice::Named(p("/given")));
         assert_eq!(choose(None, os("/env")), Choice::Named(p("/env")));
-        assert_eq!(choose(Some(p("")), os("")), Choice::Shared, "empty values count as unset");
+        assert_eq!(
+            choose(Some(p("")), os("")),
+            Choice::Shared,
+            "empty values count as unset"
+        );
         assert_eq!(choose(None, None), Choice::Shared);
         // The default is a fixed path: nothing from the environment or the user.
         let parents = SHARED_PARENTS.map(Path::new);
         let dir = shared_dir(&parents).unwrap();
         assert!(
-            ["/run/lock/dbmutex", "/var/lock/dbmutex", "/tmp/dbmutex"]
-                .contains(&dir.to_str().unwrap()),
+            ["/run/lock/dbmutex", "/var/lock/dbmutex", "/tmp/dbmutex"].contains(&dir.to_str().unwrap()),
             "{}",
             dir.display()
         );
@@ -225,10 +231,7 @@ mod tests {
         let missing = base.path().join("missing");
         let there = base.path().join("there");
         std::fs::create_dir(&there).unwrap();
-        assert_eq!(
-            shared_dir(&[&missing, &there]).unwrap(),
-            there.join(SHARED_NAME)
-        );
+        assert_eq!(shared_dir(&[&missing, &there]).unwrap(), there.join(SHARED_NAME));
         assert!(matches!(shared_dir(&[&missing]), Err(Error::Config(_))));
     }
 
