@@ -3,7 +3,7 @@
 use dbmutex::{redact_url, BackendKind, Locker, LockerBuilder, Prefix};
 
 use crate::cli::Global;
-use crate::exit::{Failure, UNAVAILABLE};
+use crate::exit::{Failure, CONFIG, UNAVAILABLE};
 
 /// The `application_name` our connections show in `pg_stat_activity`, so
 /// `dbmutex list` and the waiting notice can tell CLI holders apart.
@@ -31,6 +31,20 @@ impl Target {
             None => BackendKind::Local,
             Some(u) => kind_of(u)?,
         };
+        if kind == BackendKind::Local && require_database(global)? {
+            let what = if url.is_some() {
+                "a file:// URL names the local backend"
+            } else {
+                "no database URL is set (--database-url, env DBMUTEX_DATABASE_URL or DATABASE_URL)"
+            };
+            return Err(Failure::new(
+                CONFIG,
+                format!(
+                    "{what}, and --require-database (or DBMUTEX_REQUIRE_DATABASE) forbids the \
+                     local backend, whose locks exclude only on this host"
+                ),
+            ));
+        }
         Ok(Target {
             url,
             kind,
@@ -66,6 +80,27 @@ impl Target {
         })
     }
 }
+
+/// `--require-database`, else env `DBMUTEX_REQUIRE_DATABASE`: `1`, `true`,
+/// `yes`, `on` turn it on; `0`, `false`, `no`, `off` and empty leave it off;
+/// anything else is a usage error (a typo must not silently mean "off").
+fn require_database(global: &Global) -> Result<bool, Failure> {
+    if global.require_database {
+        return Ok(true);
+    }
+    let Some(v) = std::env::var_os(REQUIRE_ENV) else {
+        return Ok(false);
+    };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(Failure::usage(format!(
+            "{REQUIRE_ENV}={other:?}: use 1 (require a database URL) or 0"
+        ))),
+    }
+}
+
+const REQUIRE_ENV: &str = "DBMUTEX_REQUIRE_DATABASE";
 
 /// The backend a URL names, from its scheme (checked before connecting, so
 /// an unsupported option is a usage error even when the server is down).

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::RawFd;
 use std::process::ExitStatus;
 
 use tokio::process::{Child, Command};
@@ -38,8 +39,11 @@ impl Program {
         }
     }
 
-    /// Starts the program with our stdin, stdout and stderr. On Linux it gets
-    /// SIGTERM if dbmutex dies, so it never runs on without the lock.
+    /// Starts the program with our stdin, stdout and stderr, as the leader
+    /// of a process group of its own (see [`crate::tree`]). Before its exec
+    /// the child writes its pid to `report_fd` (the guardian's pipe), takes
+    /// `terminal` (when dbmutex had it) and, on Linux, asks for SIGTERM if
+    /// dbmutex dies.
     ///
     /// Must be called on the thread that lives as long as dbmutex (the
     /// runtime is current-thread): the parent-death signal fires when the
@@ -47,8 +51,9 @@ impl Program {
     ///
     /// Fails with 127 when the program is not found and 126 when it cannot
     /// be executed, as env(1) and shells do.
-    pub fn spawn(&self) -> Result<Child, Failure> {
+    pub fn spawn(&self, report_fd: RawFd, terminal: Option<RawFd>) -> Result<Child, Failure> {
         let mut cmd = self.command();
+        in_own_group(&mut cmd, report_fd, terminal);
         die_with_parent(&mut cmd);
         cmd.spawn().map_err(|e| {
             let code = if e.kind() == io::ErrorKind::NotFound {
@@ -58,6 +63,29 @@ impl Program {
             };
             Failure::new(code, format!("cannot run {}: {e}", self.display()))
         })
+    }
+}
+
+/// Makes the child the leader of a new process group, tells the guardian
+/// (through `report_fd`) which group that is, and hands it the terminal.
+fn in_own_group(cmd: &mut Command, report_fd: RawFd, terminal: Option<RawFd>) {
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe calls (setpgid, getpid, write, tcsetpgrp, sigprocmask);
+    // errors are built from a raw errno without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let me = libc::getpid().to_ne_bytes();
+            if libc::write(report_fd, me.as_ptr().cast(), me.len()) != me.len() as isize {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(tty) = terminal {
+                crate::tree::give_terminal(tty, libc::getpid());
+            }
+            Ok(())
+        });
     }
 }
 
@@ -93,18 +121,6 @@ fn die_with_parent(cmd: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn die_with_parent(_cmd: &mut Command) {}
 
-/// Sends `sig` to the child, unless it has been reaped already.
-pub fn signal(child: &Child, sig: i32) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) has no memory-safety preconditions. The pid is our
-        // unreaped child's (`id()` is `None` once waited for), so it cannot
-        // have been recycled for another process.
-        unsafe {
-            libc::kill(pid as libc::pid_t, sig);
-        }
-    }
-}
-
 /// Our exit status for the child's: its exit code, or 128+N for signal N.
 pub fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
@@ -122,6 +138,7 @@ pub fn signal_name(sig: i32) -> String {
         libc::SIGINT => "SIGINT".into(),
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
         _ => format!("signal {sig}"),
     }
 }

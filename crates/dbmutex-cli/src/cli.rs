@@ -10,7 +10,15 @@ use crate::seconds::parse_seconds;
 const AFTER_HELP: &str = "\
 Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
 (postgres://, postgresql://, mysql://, mariadb://); with none of them, the local
-backend: lock files under env DBMUTEX_LOCK_DIR, else a per-user runtime directory.
+backend (this host only): lock files under env DBMUTEX_LOCK_DIR, else
+/run/lock/dbmutex, the same for every user and environment (cron, env -i, sudo).
+--require-database (or env DBMUTEX_REQUIRE_DATABASE=1) refuses that fallback.
+
+The command runs in a process group of its own. Signals dbmutex gets, a lost
+lock (SIGTERM, then SIGKILL after --kill-after) and dbmutex's own death, even by
+SIGKILL, reach the whole group; processes left in it when the command exits are
+stopped before the lock is released. Processes that leave the group (setsid)
+are not reached.
 
 Exit status of `dbmutex run`:
   the command's  the command ran; 128+N if it died of signal N
@@ -20,8 +28,9 @@ Exit status of `dbmutex run`:
                  off PostgreSQL)
   69             server unreachable, authentication failed, or another database
                  error before the command started; the command did not run
-  70             the lock was lost while the command ran (it got SIGTERM, then
-                 SIGKILL after --kill-after)
+  70             the lock was lost while the command ran (its process group got
+                 SIGTERM, then SIGKILL after --kill-after)
+  78             --require-database and no database URL; the command did not run
   126, 127       the command could not be executed / was not found (as env(1))
   128+N          dbmutex got signal N while waiting; the command did not run
 `dbmutex status` exits 0 when the lock is free and 1 when it is held.
@@ -63,6 +72,11 @@ pub struct Global {
     /// Print nothing but errors (no waiting notice).
     #[arg(short, long, global = true)]
     pub quiet: bool,
+
+    /// Refuse to fall back to the local backend when no database URL is set
+    /// (exit 78) [default: env DBMUTEX_REQUIRE_DATABASE=1]
+    #[arg(long, global = true)]
+    pub require_database: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,12 +119,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub transaction: bool,
 
-    /// If the lock is lost: seconds between SIGTERM and SIGKILL to the command
+    /// Seconds between SIGTERM and SIGKILL to the command's process group
+    /// (lock lost, dbmutex killed, or processes left behind)
     #[arg(
         long,
         value_name = "SECONDS",
         value_parser = parse_seconds,
-        default_value = "5",
+        default_value = "1",
         allow_hyphen_values = true
     )]
     pub kill_after: Duration,

@@ -14,6 +14,9 @@ pub const LOCK_LOST: u8 = 70;
 pub const OS_ERROR: u8 = 71;
 /// Writing our own output failed.
 pub const IO_ERROR: u8 = 74;
+/// Configuration error: `--require-database` (or `DBMUTEX_REQUIRE_DATABASE`)
+/// and no database URL (sysexits.h `EX_CONFIG`).
+pub const CONFIG: u8 = 78;
 /// Default for "not acquired" (`-n` conflict, `-w` timeout).
 pub const NOT_ACQUIRED: u8 = 75;
 /// The command was found but could not be executed (as env(1) and shells).

@@ -14,6 +14,7 @@ mod run;
 mod say;
 mod seconds;
 mod signals;
+mod tree;
 
 use std::process::ExitCode;
 

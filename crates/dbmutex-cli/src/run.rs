@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use dbmutex::{BackendKind, LockGuard, LockOptions, Locker, Mode, WaitStrategy};
 use tokio::process::Child;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::backend::Target;
 use crate::child::{self, Program};
@@ -12,7 +13,8 @@ use crate::cli::{Global, RunArgs};
 use crate::exit::{self, Failure};
 use crate::report::{holders_text, valid_name};
 use crate::say::{secs, shown, Say};
-use crate::signals::{self, Signals};
+use crate::signals::Signals;
+use crate::tree::{self, Guardian, Terminal};
 
 /// How long a wait lasts before dbmutex says what it is waiting for.
 const NOTICE_AFTER: Duration = Duration::from_secs(1);
@@ -82,14 +84,59 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         ));
     }
 
-    let mut child = match program.spawn() {
+    // With a terminal, dbmutex watches the command for stops (job control).
+    // Listen before the command exists: a SIGCHLD from a stop that comes
+    // before the listener would be missed, and the job would hang.
+    let terminal = Terminal::controlling();
+    let sigchld = match &terminal {
+        Some(_) => match signal(SignalKind::child()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let _ = release(guard).await;
+                return Err(Failure::new(
+                    exit::OS_ERROR,
+                    format!("cannot handle signals: {e}"),
+                ));
+            }
+        },
+        None => None,
+    };
+    // The guardian first: from the moment the command exists, dbmutex's
+    // death (even by SIGKILL) stops its whole process group.
+    let guardian = match Guardian::start(args.kill_after) {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = release(guard).await;
+            return Err(Failure::new(
+                exit::OS_ERROR,
+                format!("cannot start the process that watches over the command: {e}"),
+            ));
+        }
+    };
+    // The group gets the terminal only if dbmutex has it (foreground job).
+    let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
+    let child = match program.spawn(guardian.report_fd(), give) {
         Ok(c) => c,
         Err(f) => {
+            guardian.disarm();
             let _ = release(guard).await;
             return Err(f);
         }
     };
-    let ended = supervise(&mut child, &guard, &mut signals, args.kill_after, &name, say).await;
+    let mut tree = Tree::new(child, terminal, sigchld)?;
+    let ended = tree
+        .supervise(&guard, &mut signals, args.kill_after, &name, say)
+        .await;
+    if let Some(t) = &tree.terminal {
+        if t.is_owned_by(tree.pgid) {
+            t.take_back();
+        }
+    }
+    if ended.is_ok() {
+        // The group is gone: nothing left for the guardian to stop. (On an
+        // error it stays armed, and stops the group when dbmutex exits.)
+        guardian.disarm();
+    }
     finish(ended, guard, &name, say).await
 }
 
@@ -189,51 +236,171 @@ enum Ended {
     Lost,
 }
 
-/// Waits for the command, forwarding signals; stops it if the lock is lost.
-async fn supervise(
-    child: &mut Child,
-    guard: &LockGuard,
-    signals: &mut Signals,
-    kill_after: Duration,
-    name: &str,
-    say: Say,
-) -> Result<Ended, Failure> {
-    let mut lost = pin!(guard.lost());
-    loop {
-        tokio::select! {
-            status = child.wait() => return Ok(Ended::Exited(child::exit_code(wait_result(status)?))),
-            sig = signals.recv() => forward(child, sig),
-            () = &mut lost => break,
-        }
-    }
-    say.error(format_args!(
-        "lock {name} was lost (its database connection is gone); stopping the command with SIGTERM"
-    ));
-    child::signal(child, libc::SIGTERM);
-    let mut deadline = pin!(tokio::time::sleep(kill_after));
-    loop {
-        tokio::select! {
-            status = child.wait() => {
-                wait_result(status)?;
-                return Ok(Ended::Lost);
-            }
-            sig = signals.recv() => forward(child, sig),
-            () = &mut deadline => break,
-        }
-    }
-    say.error(format_args!(
-        "the command did not stop within {} of SIGTERM; sending SIGKILL",
-        secs(kill_after)
-    ));
-    child::signal(child, libc::SIGKILL);
-    wait_result(child.wait().await)?;
-    Ok(Ended::Lost)
+/// How often dbmutex checks whether the command's group is empty while it
+/// stops it.
+const GROUP_POLL: Duration = Duration::from_millis(10);
+/// How long processes may take to die of SIGKILL before dbmutex gives up
+/// waiting for them (and says so).
+const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// The running command: the leader of its own process group.
+struct Tree {
+    child: Child,
+    pgid: libc::pid_t,
+    /// dbmutex's controlling terminal, if any (see [`Terminal`]).
+    terminal: Option<Terminal>,
+    /// SIGCHLD, to see the command stop (Ctrl-Z, or SIGTTIN when it reads
+    /// the terminal from the background), when there is a terminal.
+    sigchld: Option<Signal>,
 }
 
-/// Passes a signal dbmutex got on to the command, unless it got it already.
-fn forward(child: &Child, sig: i32) {
-    if !signals::terminal_sent_it_to_the_command(sig) {
-        child::signal(child, sig);
+impl Tree {
+    fn new(child: Child, terminal: Option<Terminal>, sigchld: Option<Signal>) -> Result<Tree, Failure> {
+        let Some(pid) = child.id() else {
+            return Err(Failure::new(exit::OS_ERROR, "the command vanished at its start"));
+        };
+        Ok(Tree {
+            child,
+            pgid: pid as libc::pid_t,
+            terminal,
+            sigchld,
+        })
+    }
+
+    /// Waits for the command, forwarding signals to its group; stops the
+    /// group if the lock is lost. Returns once no process of the group is
+    /// left (or, after SIGKILL, none can run any more).
+    async fn supervise(
+        &mut self,
+        guard: &LockGuard,
+        signals: &mut Signals,
+        kill_after: Duration,
+        name: &str,
+        say: Say,
+    ) -> Result<Ended, Failure> {
+        let mut lost = pin!(guard.lost());
+        let status = loop {
+            tokio::select! {
+                status = self.child.wait() => break wait_result(status)?,
+                sig = signals.recv() => tree::signal_group(self.pgid, sig),
+                () = &mut lost => {
+                    say.error(format_args!(
+                        "lock {name} was lost (its database connection is gone); \
+                         stopping the command's process group with SIGTERM"
+                    ));
+                    self.stop(false, signals, kill_after, say).await?;
+                    return Ok(Ended::Lost);
+                }
+                sig = stopped(&mut self.sigchld, self.pgid) => self.on_stop(sig),
+            }
+        };
+        // The command is done; what it left in its group must not outlive
+        // the lock either.
+        if tree::group_alive(self.pgid) {
+            say.note(format_args!(
+                "the command exited but left processes in its process group; \
+                 stopping them with SIGTERM before releasing lock {name}"
+            ));
+            self.stop(true, signals, kill_after, say).await?;
+        }
+        Ok(Ended::Exited(child::exit_code(status)))
+    }
+
+    /// SIGTERM to the group, then SIGKILL after `kill_after` unless it is
+    /// empty by then. `reaped`: the leader has been waited for already.
+    async fn stop(
+        &mut self,
+        mut reaped: bool,
+        signals: &mut Signals,
+        kill_after: Duration,
+        say: Say,
+    ) -> Result<(), Failure> {
+        tree::signal_group(self.pgid, libc::SIGTERM);
+        let mut deadline = pin!(tokio::time::sleep(kill_after));
+        loop {
+            tokio::select! {
+                status = self.child.wait(), if !reaped => {
+                    wait_result(status)?;
+                    reaped = true;
+                    if !tree::group_alive(self.pgid) {
+                        return Ok(());
+                    }
+                }
+                sig = signals.recv() => tree::signal_group(self.pgid, sig),
+                () = tokio::time::sleep(GROUP_POLL), if reaped => {
+                    if !tree::group_alive(self.pgid) {
+                        return Ok(());
+                    }
+                }
+                () = &mut deadline => break,
+            }
+        }
+        say.error(format_args!(
+            "the command's process group did not stop within {} of SIGTERM; sending SIGKILL",
+            secs(kill_after)
+        ));
+        tree::signal_group(self.pgid, libc::SIGKILL);
+        if !reaped {
+            wait_result(self.child.wait().await)?;
+        }
+        // SIGKILL acts when a process next leaves the kernel: give one stuck
+        // in a system call (state D) a moment, so the lock outlives the group.
+        let killed = Instant::now();
+        while tree::group_alive(self.pgid) && killed.elapsed() < KILL_GRACE {
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        if tree::group_alive(self.pgid) {
+            say.error(format_args!(
+                "processes of the command's group still exist {} after SIGKILL",
+                secs(KILL_GRACE)
+            ));
+        }
+        Ok(())
+    }
+
+    /// The command stopped with signal `sig`. Job control needs the shell to
+    /// see it, and the shell watches dbmutex, not the command's group:
+    ///
+    /// - Ctrl-Z (SIGTSTP) or SIGSTOP, or a read from the terminal while the
+    ///   job is in the background (SIGTTIN/SIGTTOU): dbmutex takes the
+    ///   terminal back (if the group had it) and stops itself, so the shell
+    ///   reports the job stopped. On `fg` (dbmutex continued in the
+    ///   foreground) the group gets the terminal and SIGCONT; on `bg`, SIGCONT
+    ///   only.
+    /// - SIGTTIN/SIGTTOU while dbmutex is in the foreground (it was moved
+    ///   there after the command started): the group gets the terminal and
+    ///   continues.
+    fn on_stop(&mut self, sig: i32) {
+        let Some(t) = &self.terminal else { return };
+        let tty_stop = sig == libc::SIGTTIN || sig == libc::SIGTTOU;
+        if !(tty_stop && t.is_ours()) {
+            if t.is_owned_by(self.pgid) {
+                t.take_back();
+            }
+            // SAFETY: kill(2) to ourselves; the default action of SIGTSTP
+            // (which dbmutex does not handle) stops it until SIGCONT.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTSTP) };
+        }
+        if t.is_ours() {
+            t.give_to(self.pgid);
+        }
+        tree::signal_group(self.pgid, libc::SIGCONT);
+    }
+}
+
+/// Completes when the command (our child) has stopped; never when `sigchld`
+/// is `None`.
+async fn stopped(sigchld: &mut Option<Signal>, pid: libc::pid_t) -> i32 {
+    let Some(s) = sigchld else {
+        return std::future::pending().await;
+    };
+    loop {
+        // Check first: the stop may have come before this was first polled
+        // (the listener recorded its SIGCHLD, but stay on the safe side).
+        if let Some(sig) = tree::child_stopped(pid) {
+            return sig;
+        }
+        s.recv().await;
     }
 }
 

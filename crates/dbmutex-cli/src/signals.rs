@@ -1,8 +1,9 @@
-//! The signals dbmutex catches: SIGINT, SIGTERM and SIGHUP.
+//! The signals dbmutex catches: SIGINT, SIGTERM, SIGHUP and SIGQUIT.
 //!
 //! While waiting for the lock they end the wait; while the command runs they
-//! are forwarded to it (except a Ctrl-C, which the terminal sends to the
-//! command itself). Catching them also keeps them from killing dbmutex
+//! are forwarded to its whole process group. (When dbmutex started in the
+//! terminal's foreground, the command's group has the terminal while it
+//! runs, so a Ctrl-C from it reaches the command directly, not dbmutex.) Catching them also keeps them from killing dbmutex
 //! before it has released the lock and reported the command's status.
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -21,6 +22,7 @@ impl Signals {
             (libc::SIGINT, SignalKind::interrupt()),
             (libc::SIGTERM, SignalKind::terminate()),
             (libc::SIGHUP, SignalKind::hangup()),
+            (libc::SIGQUIT, SignalKind::quit()),
         ];
         let caught = kinds
             .into_iter()
@@ -47,21 +49,4 @@ impl Signals {
         })
         .await
     }
-}
-
-/// True when `sig` is a SIGINT that the terminal sent to the command too: a
-/// Ctrl-C reaches every process of the terminal's foreground process group,
-/// and the command shares dbmutex's group. Forwarding it would deliver a
-/// second SIGINT, which many programs read as "force quit now".
-pub fn terminal_sent_it_to_the_command(sig: i32) -> bool {
-    if sig != libc::SIGINT {
-        return false;
-    }
-    // SAFETY: getpgrp and tcgetpgrp take no pointers and only read process
-    // and terminal state; on a descriptor that is not a terminal tcgetpgrp
-    // returns -1, which is no process group.
-    let ours = unsafe { libc::getpgrp() };
-    [0, 1, 2]
-        .into_iter()
-        .any(|fd| unsafe { libc::tcgetpgrp(fd) } == ours)
 }

@@ -411,7 +411,7 @@ impl Locker {
     }
 
     /// A builder for the local backend: lock files under `dir`, or (`None`)
-    /// under env `DBMUTEX_LOCK_DIR`, else a per-user runtime directory.
+    /// under env `DBMUTEX_LOCK_DIR`, else the host-wide `/run/lock/dbmutex`.
     pub fn local_builder(dir: Option<PathBuf>) -> LockerBuilder {
         LockerBuilder::new(Target::Local(dir))
     }

@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::{io_error, note};
@@ -25,29 +25,45 @@ pub(crate) struct LockFile {
 impl LockFile {
     /// Opens `path`, creating it when missing. Never truncates: the file may
     /// be locked by someone else.
+    ///
+    /// The directory may be shared with other users (see `dir`), so a
+    /// symlink is never followed (`O_NOFOLLOW`), anything but a regular file
+    /// is refused, and a file with other hard links is locked but never
+    /// written: nobody can point dbmutex at a file elsewhere.
     pub(crate) fn open(path: &Path) -> Result<LockFile> {
         let rw = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(NO_SURPRISES)
             .open(path);
-        match rw {
-            Ok(file) => Ok(LockFile { file, writable: true }),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => match File::open(path) {
-                Ok(file) => Ok(LockFile {
-                    file,
-                    writable: false,
-                }),
-                Err(_) => Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+        let (file, writable) = match rw {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => match read_only(path) {
+                Ok(file) => (file, false),
+                Err(_) => return Err(io_error(format!("cannot open lock file {}", path.display()), e)),
             },
-            Err(e) => Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+            Err(e) => return Err(io_error(format!("cannot open lock file {}", path.display()), e)),
+        };
+        let m = file
+            .metadata()
+            .map_err(|e| io_error(format!("cannot stat lock file {}", path.display()), e))?;
+        if !m.file_type().is_file() {
+            return Err(crate::Error::Config(format!(
+                "lock file {} is not a regular file",
+                path.display()
+            )));
         }
+        Ok(LockFile {
+            file,
+            writable: writable && m.nlink() == 1,
+        })
     }
 
     /// Opens an existing file for a probe; `None` when there is none.
     fn open_existing(path: &Path) -> Result<Option<LockFile>> {
-        match File::open(path) {
+        match read_only(path) {
             Ok(file) => Ok(Some(LockFile {
                 file,
                 writable: false,
@@ -117,6 +133,17 @@ impl LockFile {
     pub(crate) fn unlock(self) -> io::Result<()> {
         self.file.unlock()
     }
+}
+
+/// Open flags for every lock file: never follow a symlink (`O_NOFOLLOW`:
+/// the open fails with `ELOOP`), never block on a FIFO planted in its place.
+const NO_SURPRISES: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+
+fn read_only(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(NO_SURPRISES)
+        .open(path)
 }
 
 /// Who holds the file at `path` now: `None` (free, or no such file), or the
@@ -225,5 +252,32 @@ mod tests {
         // A shared holder leaves an existing note alone.
         s.write_note(Mode::Shared, "the-name", "app", &path);
         assert_eq!(read_note(&path), n);
+    }
+
+    #[test]
+    fn symlinks_fifos_and_hard_links_are_not_followed_or_written() {
+        let dir = TempDir::new("planted");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("link.lock");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(LockFile::open(&link).is_err(), "followed a symlink");
+        let dangling = dir.path().join("dangling.lock");
+        std::os::unix::fs::symlink(dir.path().join("created"), &dangling).unwrap();
+        assert!(LockFile::open(&dangling).is_err());
+        assert!(!dir.path().join("created").exists(), "created a symlink's target");
+        assert!(probe(&link).is_err(), "a probe followed a symlink");
+
+        let fifo = dir.path().join("fifo.lock");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        assert!(LockFile::open(&fifo).is_err(), "a FIFO is no lock file");
+
+        let hard = dir.path().join("hard.lock");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let fd = LockFile::open(&hard).unwrap();
+        assert!(fd.try_lock(Mode::Exclusive, &hard).unwrap());
+        fd.write_note(Mode::Exclusive, "name", "app", &hard);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 }

@@ -7,9 +7,11 @@
 //!   [`key::local_file_name`](crate::key::local_file_name)). `dir` is the
 //!   directory given to [`Locker::local_builder`](crate::Locker::local_builder)
 //!   (or in a `file:///dir` URL; an empty path counts as none), else env
-//!   `DBMUTEX_LOCK_DIR`, else `$XDG_RUNTIME_DIR/dbmutex`, else
-//!   `<temp>/dbmutex-<uid>`, which must then be owned by this user and not
-//!   writable by others. A missing directory is created with mode 0700.
+//!   `DBMUTEX_LOCK_DIR` (created with mode 0700 when missing), else the
+//!   host-wide `/run/lock/dbmutex` (`/var/lock/dbmutex`, else `/tmp/dbmutex`
+//!   where there is no `/run/lock`): one directory for every user and
+//!   environment (cron, systemd, `env -i`, `sudo`), created with mode 1777;
+//!   see `dir` for the checks and the threat model.
 //! - **What.** The OS's advisory file lock (`flock(2)` on Linux), exclusive or
 //!   shared, taken on a descriptor each guard opens for itself. It is the same
 //!   lock as util-linux `flock(1)`'s, so shell scripts and dbmutex exclude each
