@@ -99,3 +99,72 @@ async fn several_lockers_cannot_fill_the_servers_lock_table() {
     drop(g);
     drop(guards);
 }
+
+/// The attacks of the second reading: each locker alone fills to its
+/// budget and lets go (room once granted must not be kept), then every
+/// locker bursts 300 concurrent acquisitions at once (reservations waiting
+/// for one count must all be counted). Twice. No acquisition ever meets a
+/// full table (53200), the server keeps serving new connections, and
+/// dbmutex never holds more than the table's nominal capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_and_released_room_cannot_fill_the_table() {
+    let pg = PrivatePg::start(&[("max_locks_per_transaction", "10"), ("max_connections", "20")]);
+    let capacity = 10 * 20;
+    let mut lockers = Vec::new();
+    for _ in 0..4 {
+        lockers.push(Locker::connect(&pg.url()).await.unwrap());
+    }
+    for round in 0..2 {
+        // Alone, one after another: fill, then release everything.
+        for l in &lockers {
+            let mut mine = Vec::new();
+            loop {
+                match l.try_lock(unique("alone").as_str()).await {
+                    Ok(Some(g)) => mine.push(g),
+                    Ok(None) => panic!("a fresh name is free"),
+                    Err(Error::ServerLockBudget { .. }) => break,
+                    Err(e) => panic!("round {round}, alone: {e:?}"),
+                }
+                assert!(mine.len() <= capacity, "one locker alone passed the table's size");
+            }
+            for g in mine {
+                g.release().await.unwrap();
+            }
+        }
+        // Then all at once, 300 concurrent acquisitions each.
+        let mut tasks = Vec::new();
+        for l in &lockers {
+            for _ in 0..300 {
+                let l = l.clone();
+                tasks.push(tokio::spawn(
+                    async move { l.try_lock(unique("burst").as_str()).await },
+                ));
+            }
+        }
+        let (mut held, mut refused) = (Vec::new(), 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Some(g)) => held.push(g),
+                Ok(None) => panic!("a fresh name is free"),
+                Err(Error::ServerLockBudget { .. }) => refused += 1,
+                Err(e) => panic!("round {round}, burst: {e:?}\n{}", pg.log()),
+            }
+        }
+        println!(
+            "round {round}: burst held {} and refused {refused} of 1200",
+            held.len()
+        );
+        assert!(
+            held.len() <= capacity,
+            "{} locks in a {capacity}-entry table",
+            held.len()
+        );
+        assert!(refused > 0);
+        pg.raw()
+            .await
+            .batch_execute("SELECT count(*) FROM pg_class")
+            .await
+            .expect("the server serves new connections during the burst");
+        drop(held);
+    }
+}

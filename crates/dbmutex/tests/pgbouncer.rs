@@ -648,3 +648,29 @@ async fn a_holder_moved_by_the_pooler_is_told_and_its_lock_freed() {
     }
     println!("moved holders told after {told:?} ({attempts} attempts)");
 }
+
+/// The connect-time hint on the pooler the second reading found it missed
+/// every time: a fresh round-robin pool of two warm server sessions. A few
+/// more `pg_backend_pid()` questions once both sessions are idle catch it;
+/// 20 fresh poolers, each must be detected (session locks refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_check_catches_a_fresh_round_robin_pool() {
+    let mut missed = 0;
+    for _ in 0..20 {
+        let bouncer = PgBouncer::start_with("transaction", 2, true).await;
+        warm(&bouncer, 2).await;
+        let locker = Locker::connect(&bouncer.url()).await.expect("connect");
+        // A refusal says the pooler was seen; anything else is a miss.
+        match locker.try_lock(unique("pgb-fresh").as_str()).await {
+            Err(Error::Unsupported(_)) => {}
+            other => {
+                missed += 1;
+                println!("missed: {other:?}");
+            }
+        }
+    }
+    assert_eq!(
+        missed, 0,
+        "the connect-time check missed {missed} of 20 fresh round-robin pools"
+    );
+}

@@ -24,7 +24,6 @@
 //! the number of processes, and the count costs a query only once per
 //! `step` locks past the first `step`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::PgConn;
@@ -50,22 +49,39 @@ impl LockTable {
 /// One locker's share of the server's lock table.
 pub(crate) struct Budget {
     table: LockTable,
-    /// Server locks this locker holds (or is about to take).
-    held: AtomicU64,
-    /// `held` may grow to this without counting the server's table.
-    allowance: AtomicU64,
+    state: std::sync::Mutex<State>,
     /// One count at a time.
     gate: tokio::sync::Mutex<()>,
+}
+
+/// What this locker holds and may take.
+#[derive(Debug)]
+struct State {
+    /// Server locks granted to this locker: the server's count sees them.
+    granted: u64,
+    /// Admitted, not yet granted: no count sees them.
+    admitted: u64,
+    /// `granted + admitted` may grow to this without a count. A count lets
+    /// it run `step` past what the locker has then; releases lower it, so
+    /// room granted once is not kept.
+    allowance: u64,
 }
 
 impl Budget {
     pub(crate) fn new(table: LockTable) -> Arc<Budget> {
         Arc::new(Budget {
             table,
-            held: AtomicU64::new(0),
-            allowance: AtomicU64::new(step(table)),
+            state: std::sync::Mutex::new(State {
+                granted: 0,
+                admitted: 0,
+                allowance: step(table),
+            }),
             gate: tokio::sync::Mutex::new(()),
         })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The server-wide entries past which no new lock is taken.
@@ -73,45 +89,70 @@ impl Budget {
         self.table.capacity() / 4 * 3
     }
 
+    /// A slot if the allowance has room.
+    fn admit(self: &Arc<Self>) -> Option<Slot> {
+        let mut st = self.state();
+        (st.granted + st.admitted < st.allowance).then(|| {
+            st.admitted += 1;
+            Slot {
+                budget: self.clone(),
+                granted: false,
+            }
+        })
+    }
+
     /// Reserves room for one more server lock, counting the server's table
-    /// (on `probe`) when this locker's allowance is used up. The slot gives
-    /// the room back when dropped.
+    /// (on `probe`) when this locker's allowance is used up: each count
+    /// admits at most `step` locks the server has not seen. The count is
+    /// bounded by `within`. The slot gives the room back when dropped.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: a dropped call gives its room back.
-    pub(crate) async fn reserve<F, Fut>(self: &Arc<Self>, probe: F) -> Result<Slot>
+    /// Cancel-safe: nothing is reserved until the call returns a slot.
+    pub(crate) async fn reserve<F, Fut>(
+        self: &Arc<Self>,
+        within: std::time::Duration,
+        probe: F,
+    ) -> Result<Slot>
     where
-        F: FnOnce() -> Fut,
+        F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Arc<PgConn>>>,
     {
-        let n = self.held.fetch_add(1, Ordering::AcqRel) + 1;
-        let slot = Slot(self.clone());
-        if n <= self.allowance.load(Ordering::Acquire) {
+        if let Some(slot) = self.admit() {
             return Ok(slot);
         }
-        let _one = self.gate.lock().await;
-        let n = self.held.load(Ordering::Acquire);
-        if n <= self.allowance.load(Ordering::Acquire) {
-            return Ok(slot);
+        let count = async {
+            let _one = self.gate.lock().await;
+            loop {
+                if let Some(slot) = self.admit() {
+                    return Ok(slot);
+                }
+                let conn = probe().await?;
+                let rows = conn
+                    .client
+                    .query("SELECT count(*) FROM pg_locks WHERE NOT fastpath", &[])
+                    .await
+                    .map_err(|e| Error::Database(Box::new(e)))?;
+                let used = rows.first().map_or(0, |r| r.get::<_, i64>(0)).max(0) as u64;
+                let limit = self.limit();
+                let mut st = self.state();
+                // Admitted but not granted yet: not in the server's count.
+                if used + st.admitted + step(self.table) > limit {
+                    return Err(Error::ServerLockBudget {
+                        used,
+                        limit,
+                        capacity: self.table.capacity(),
+                    });
+                }
+                st.allowance = st.granted + st.admitted + step(self.table);
+            }
+        };
+        match tokio::time::timeout(within, count).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Connect(
+                format!("the server did not answer the lock-table count within {within:?}").into(),
+            )),
         }
-        let conn = probe().await?;
-        let rows = conn
-            .client
-            .query("SELECT count(*) FROM pg_locks WHERE NOT fastpath", &[])
-            .await
-            .map_err(|e| Error::Database(Box::new(e)))?;
-        let used = rows.first().map_or(0, |r| r.get::<_, i64>(0)).max(0) as u64;
-        let limit = self.limit();
-        if used + step(self.table) > limit {
-            return Err(Error::ServerLockBudget {
-                used,
-                limit,
-                capacity: self.table.capacity(),
-            });
-        }
-        self.allowance.store(n + step(self.table), Ordering::Release);
-        Ok(slot)
     }
 }
 
@@ -121,11 +162,36 @@ fn step(table: LockTable) -> u64 {
 }
 
 /// Room for one server lock; given back on drop.
-pub(crate) struct Slot(Arc<Budget>);
+pub(crate) struct Slot {
+    budget: Arc<Budget>,
+    granted: bool,
+}
+
+impl Slot {
+    /// The server granted the lock: from now on the server's count
+    /// includes it.
+    pub(crate) fn granted(mut self) -> Self {
+        if !self.granted {
+            self.granted = true;
+            let mut st = self.budget.state();
+            st.admitted -= 1;
+            st.granted += 1;
+        }
+        self
+    }
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.held.fetch_sub(1, Ordering::AcqRel);
+        let step = step(self.budget.table);
+        let mut st = self.budget.state();
+        if self.granted {
+            st.granted -= 1;
+        } else {
+            st.admitted -= 1;
+        }
+        // Room is lent for `step` past what is held, not kept for ever.
+        st.allowance = st.allowance.min(st.granted + st.admitted + step);
     }
 }
 

@@ -383,7 +383,7 @@ impl PgConn {
                 "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
                  THEN set_config('dbmutex.owner', $1, false) \
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-                 (SELECT backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()), \
+                 (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_activity WHERE pid = pg_backend_pid()), \
                  current_setting('max_locks_per_transaction')::int8, \
                  current_setting('max_connections')::int8 + current_setting('max_prepared_transactions')::int8",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
@@ -432,24 +432,39 @@ impl PgConn {
         tracing::warn!(
             "dbmutex: a statement ran on another server session than the one this connection \
              claimed: a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction) is in \
-             between. Ending our server session so its locks are freed; they are lost"
+             between. Its locks are lost; ending our former server session if it holds them"
         );
         let me = self.clone();
         drop(self.runtime.spawn(async move {
             if let Some(c) = me.claim.get() {
+                // Only a session that holds advisory locks (ours) is ended:
+                // behind a pooler it may be running another client's
+                // transaction right now. Matched by pid and start time (as
+                // epoch seconds: no TimeZone or DateStyle in the way), so a
+                // reused pid is never hit.
                 let ended = me
                     .client
                     .query_typed(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                         WHERE pid = $1 AND backend_start::text = $2",
+                        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a \
+                         WHERE a.pid = $1 AND extract(epoch FROM a.backend_start)::text = $2 \
+                         AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory')",
                         &[
                             (&c.pid, tokio_postgres::types::Type::INT4),
                             (&c.started, tokio_postgres::types::Type::TEXT),
                         ],
                     )
                     .await;
-                if let Err(e) = ended {
-                    tracing::warn!(error = %e, pid = c.pid, "dbmutex: could not end the server session that holds our locks");
+                match ended {
+                    Ok(rows) if rows.iter().all(|r| r.get::<_, bool>(0)) => {}
+                    Ok(_) => tracing::warn!(
+                        pid = c.pid,
+                        "dbmutex: the server refused to end our former server session; its locks stay until the pooler closes it"
+                    ),
+                    // Ended itself: the statement landed on that very session.
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, pid = c.pid, "dbmutex: could not end our former server session; its locks stay until the pooler closes it")
+                    }
                 }
             }
             me.close();
@@ -472,6 +487,11 @@ impl PgConn {
         name: Option<&LockName>,
     ) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
         let owner = self.owner();
+        if owner.is_empty() {
+            // Unclaimed: a session lock here could land anywhere.
+            self.moved();
+            return Ok(None);
+        }
         let rows = match name {
             Some(name) => {
                 let comment = crate::key::sql_comment(name);

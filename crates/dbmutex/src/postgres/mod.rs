@@ -252,6 +252,15 @@ impl PgBackend {
         Ok(backend)
     }
 
+    /// Room for one more server lock (see [`budget`]).
+    async fn reserve(&self, settings: &Settings) -> Result<budget::Slot> {
+        self.budget
+            .reserve(settings.connect_timeout, || {
+                self.probe.get(&self.connector, settings, None)
+            })
+            .await
+    }
+
     async fn session(&self, settings: &Settings) -> Result<Arc<PgConn>> {
         self.session
             .get(&self.connector, settings, Some(&self.on_notify))
@@ -282,11 +291,8 @@ impl PgBackend {
             return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
         }
         let key = pg_key(name, &settings.prefix);
-        let slot = self
-            .budget
-            .reserve(|| self.probe.get(&self.connector, settings, None))
-            .await?;
         if opts.transaction || opts.strategy == WaitStrategy::Server {
+            let slot = self.reserve(settings).await?;
             return self.acquire_dedicated(name, key, opts, settings, slot).await;
         }
         let deadline = wait::deadline(opts.timeout);
@@ -295,6 +301,9 @@ impl PgBackend {
         let Some(hold) = self.arbiter.hold(&key, opts.mode, deadline).await else {
             return Ok(None);
         };
+        // Room in the server's lock table only once this task may ask the
+        // server: waiters queued in-process for one key take none.
+        let slot = self.reserve(settings).await?;
         let conn = self.session(settings).await?;
         let channel = self.channel(&conn);
         // A task of ours may have left the server lock on the session for us.
@@ -324,7 +333,7 @@ impl PgBackend {
             name: name.clone(),
             comment: settings.name_comments,
             hold: Some(hold),
-            _budget: slot,
+            budget: Some(slot.granted()),
         })))
     }
 
@@ -370,7 +379,7 @@ impl PgBackend {
                 name: name.clone(),
                 xact: opts.transaction,
                 spares: self.spares.clone(),
-                _budget: slot,
+                budget: Some(slot.granted()),
             }))),
             Ok(false) if !opts.transaction => {
                 // A refused try or a timed-out wait leaves the session clean
@@ -650,33 +659,50 @@ async fn wait_session_dedicated(
         // The server may grant the lock just as the timeout fires, and a
         // session lock outlives the aborted statement: ask whether we hold
         // it (then it is ours, a little late), so a spare never keeps one.
-        Err(e) if is_lock_timeout(&e) => holds(conn, &key, opts.mode).await.map_err(|e| db_err(e, name)),
+        Err(e) if is_lock_timeout(&e) => {
+            match holds(conn, &key, opts.mode).await.map_err(|e| db_err(e, name))? {
+                Some(held) => Ok(held),
+                None => {
+                    conn.moved();
+                    Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+                }
+            }
+        }
         Err(e) => Err(db_err(e, name)),
     }
 }
 
-/// Whether this connection's own server session holds `key` in `mode`.
-async fn holds(conn: &PgConn, key: &PgKey, mode: Mode) -> std::result::Result<bool, tokio_postgres::Error> {
+/// Whether this connection's own server session holds `key` in `mode`;
+/// `None` when the question ran on another server session (see
+/// `PgConn::claim`).
+async fn holds(
+    conn: &PgConn,
+    key: &PgKey,
+    mode: Mode,
+) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
     let (classid, objid, objsubid) = key.pg_locks_ids();
     let lock_mode = if mode == Mode::Shared {
         "ShareLock"
     } else {
         "ExclusiveLock"
     };
+    let owner = conn.owner();
     let rows = conn
         .client
         .query_typed(
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4)",
+             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4) \
+             WHERE current_setting('dbmutex.owner', true) = $5",
             &[
                 (&classid, Type::OID),
                 (&objid, Type::OID),
                 (&objsubid, Type::INT2),
                 (&lock_mode, Type::TEXT),
+                (&owner, Type::TEXT),
             ],
         )
         .await?;
-    Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    Ok(rows.first().map(|r| r.get::<_, bool>(0)))
 }
 
 /// The message when a transaction landed on a server session that another
@@ -743,8 +769,9 @@ struct SessionHeld {
     comment: bool,
     /// `None` once the unlock is under way.
     hold: Option<Hold<PgKey>>,
-    /// Room in the server's lock table, given back when this is dropped.
-    _budget: budget::Slot,
+    /// Room in the server's lock table, given back once the server lock
+    /// is (`None` once the unlock is under way).
+    budget: Option<budget::Slot>,
 }
 
 impl Held for SessionHeld {
@@ -797,13 +824,14 @@ impl Drop for SessionHeld {
                 self.comment,
             );
             let channel = self.channel.clone();
+            let slot = self.budget.take();
             // No runtime here is fine: the handle spawns onto the
             // connection's own runtime. If that runtime is gone, so is the
             // connection, and the server has freed the lock.
             drop(self.conn.runtime.spawn(async move {
                 let wanted = handoff::take_wanted(Some(&hold));
                 let r = unlock_on(&conn, key, mode, &name, comment).await;
-                drop(hold);
+                drop((hold, slot));
                 if r.is_ok() {
                     channel.released(&key, wanted);
                 }
@@ -824,8 +852,9 @@ struct DedicatedHeld {
     name: LockName,
     xact: bool,
     spares: Spares,
-    /// Room in the server's lock table, given back when this is dropped.
-    _budget: budget::Slot,
+    /// Room in the server's lock table, given back once the server lock
+    /// is (`None` once the unlock is under way).
+    budget: Option<budget::Slot>,
 }
 
 impl Held for DedicatedHeld {
@@ -836,7 +865,9 @@ impl Held for DedicatedHeld {
         self.heartbeat.abort();
         let (key, mode, name, xact) = (self.key, self.mode, self.name.clone(), self.xact);
         let spares = self.spares.clone();
+        let slot = self.budget.take();
         let task = conn.runtime.clone().spawn(async move {
+            let _slot = slot;
             let r = if xact {
                 match conn.client.batch_execute("COMMIT").await {
                     Ok(()) => Ok(()),

@@ -55,9 +55,11 @@ use crate::{Error, Result};
 /// transaction pooler.
 pub(crate) const SESSION_LOCKS_UNSAFE: &str =
     "this connection goes through a transaction-pooling proxy (e.g. PgBouncer with \
-     pool_mode=transaction), which shares server sessions between clients: session-level \
-     advisory locks would not exclude anyone. Use LockOptions::transaction(true), or connect \
-     to PostgreSQL directly or through a session-pooling proxy";
+     pool_mode=transaction), or a pool that hands a server session to the next client without \
+     resetting it (PgBouncer server_reset_query without DISCARD ALL): server sessions are \
+     shared between clients, so session-level advisory locks would not exclude anyone. Use \
+     LockOptions::transaction(true), or connect to PostgreSQL directly or through a \
+     session-pooling proxy that resets sessions";
 
 /// The message of the [`Error::Unsupported`] a connection through a
 /// statement-pooling proxy gets.
@@ -117,5 +119,15 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
     if other.client.batch_execute("ROLLBACK").await.is_err() {
         other.close();
     }
-    verdict
+    if verdict? {
+        return Ok(true);
+    }
+    // With every server session idle again, a round-robin pool hands
+    // consecutive statements to them in turn: a few more questions catch it.
+    for _ in 0..3 {
+        if backend_pid(session, "SELECT pg_backend_pid()").await? != p1 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
