@@ -728,7 +728,8 @@ async fn locker_from_a_tokio_postgres_config() {
 /// partition (2 s with the default keepalive of 1 s): the probe goes out
 /// `keepalive` after the last answer, and waits that long for its own.
 /// Three trials at the default; the bound is the feature, so it is asserted,
-/// with 600 ms for a loaded machine.
+/// with 400 ms for a loaded machine (the fixed tick it replaced measured
+/// 2.62-2.69 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_partition_is_reported_within_the_keepalive_bound() {
     let url = pg_url();
@@ -779,7 +780,7 @@ async fn silent_partition_is_reported_within_the_keepalive_bound() {
     println!("partition noticed by every guard after {took:?}");
     for t in &took {
         assert!(
-            *t < keepalive * 2 + Duration::from_millis(600),
+            *t < keepalive * 2 + Duration::from_millis(400),
             "noticed after {t:?}"
         );
     }
