@@ -646,17 +646,8 @@ async fn unsupported_options_are_typed_errors(b: Backend) {
 /// queued, never awaited in `drop`. A blocking drop would hang here until
 /// a keepalive gave up, seconds later.
 async fn drop_does_not_wait_for_a_silent_server(b: Backend) {
-    let url = b.url();
-    let (scheme_user, rest) = url.split_once('@').expect("user@host in the test URL");
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let default_port = if b == Backend::Postgres { 5432 } else { 3306 };
-    let target = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:{default_port}")
-    };
-    let (port, frozen) = common::freezable_proxy(target).await;
-    let proxied = format!("{scheme_user}@127.0.0.1:{port}/{path}");
+    let (proxied, frozen) = common::proxied(&b.url(), default_port).await;
     let a = b.connect(Locker::builder(&proxied)).await;
     let name = unique("drop-silent");
     let g = a.lock(name.as_str()).await.unwrap();

@@ -718,16 +718,7 @@ async fn nested_release_is_not_blocked_by_a_nested_wait() {
 
 /// The test server's URL, reached through a proxy that can go silent.
 async fn freezable_proxy() -> (String, Arc<AtomicBool>) {
-    let url = mysql_url();
-    let (scheme_user, rest) = url.split_once('@').unwrap();
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let target = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:3306")
-    };
-    let (port, frozen) = common::freezable_proxy(target).await;
-    (format!("{scheme_user}@127.0.0.1:{port}/{path}"), frozen)
+    common::proxied(&mysql_url(), 3306).await
 }
 
 /// In a silent partition, a bounded wait ends with an error within its

@@ -371,16 +371,7 @@ async fn silent_partition_is_reported_within_its_bound() {
 
 /// The test server's URL, reached through a proxy that can go silent.
 async fn proxied_url() -> (String, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    let url = mysql_url();
-    let (scheme_user, rest) = url.split_once('@').unwrap();
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let target = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:3306")
-    };
-    let (port, frozen) = common::freezable_proxy(target).await;
-    (format!("{scheme_user}@127.0.0.1:{port}/{path}"), frozen)
+    common::proxied(&mysql_url(), 3306).await
 }
 
 /// Gem interop (issue 9, item 9): on MariaDB the gem sends

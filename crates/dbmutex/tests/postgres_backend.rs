@@ -733,24 +733,14 @@ async fn locker_from_a_tokio_postgres_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_partition_is_reported_within_the_keepalive_bound() {
     let url = pg_url();
-    let (scheme_user, rest) = url.split_once('@').unwrap();
-    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let target = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:5432")
-    };
-    let path = if path.contains('?') {
-        format!("{path}&sslmode=disable")
-    } else {
-        format!("{path}?sslmode=disable")
-    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}sslmode=disable");
     let keepalive = Duration::from_secs(1);
     let mut took = Vec::new();
     for _ in 0..3 {
-        let (port, frozen) = common::freezable_proxy(target.clone()).await;
+        let (proxied, frozen) = common::proxied(&url, 5432).await;
         let l = Backend::Postgres
-            .connect(Locker::builder(&format!("{scheme_user}@127.0.0.1:{port}/{path}")).keepalive(keepalive))
+            .connect(Locker::builder(&proxied).keepalive(keepalive))
             .await;
         let guards = vec![
             l.lock(unique("part1").as_str()).await.unwrap(),

@@ -228,6 +228,23 @@ impl<F: Future> Future for CancelAfter<F> {
     }
 }
 
+/// `url` (`scheme://user@host[:port]/path`), reached through a
+/// [`freezable_proxy`] on 127.0.0.1; `default_port` when the URL names none.
+pub async fn proxied(
+    url: &str,
+    default_port: u16,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let (scheme_user, rest) = url.split_once('@').expect("a URL with a user");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let target = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    };
+    let (port, frozen) = freezable_proxy(target).await;
+    (format!("{scheme_user}@127.0.0.1:{port}/{path}"), frozen)
+}
+
 /// A TCP proxy on 127.0.0.1 to `target` (`host:port`) that can go silent,
 /// as a network partition does: once `frozen` is set nothing is forwarded
 /// any more, yet no socket closes. Returns its port.
