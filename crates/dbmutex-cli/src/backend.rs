@@ -105,15 +105,12 @@ const REQUIRE_ENV: &str = "DBMUTEX_REQUIRE_DATABASE";
 /// The backend a URL names, from its scheme (checked before connecting, so
 /// an unsupported option is a usage error even when the server is down).
 pub fn kind_of(url: &str) -> Result<BackendKind, Failure> {
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("postgres" | "postgresql") => Ok(BackendKind::Postgres),
-        Some("mysql" | "mariadb") => Ok(BackendKind::Mysql),
-        Some("file") => Ok(BackendKind::Local),
-        _ => Err(Failure::usage(format!(
+    BackendKind::from_url(url).ok_or_else(|| {
+        Failure::usage(format!(
             "{}: not a database URL (use postgres://, postgresql://, mysql:// or mariadb://)",
             redact_url(url)
-        ))),
-    }
+        ))
+    })
 }
 
 #[cfg(test)]

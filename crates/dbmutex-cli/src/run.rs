@@ -154,13 +154,14 @@ fn program(args: &RunArgs) -> Result<Program, Failure> {
 
 /// Rejects options the backend cannot honour, before connecting.
 fn check_supported(kind: BackendKind, mode: Mode, transaction: bool) -> Result<(), Failure> {
-    if mode == Mode::Shared && kind == BackendKind::Mysql {
+    let can = kind.capabilities();
+    if mode == Mode::Shared && !can.shared {
         return Err(Failure::usage(
             "MySQL/MariaDB locks (GET_LOCK) are exclusive only: drop -s/--shared, \
              or use PostgreSQL or the local backend",
         ));
     }
-    if transaction && kind != BackendKind::Postgres {
+    if transaction && !can.transaction {
         return Err(Failure::usage(format!(
             "--transaction needs PostgreSQL; the {} backend holds session locks only",
             kind.as_str()

@@ -14,17 +14,17 @@ mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod redact;
+mod settings;
+mod types;
 mod wait;
 
 pub use error::{Error, Result};
 pub use guard::LockGuard;
 pub use key::{LockName, Prefix};
-pub use locker::{
-    current_locks, BackendKind, HeldLock, Holder, ListedLock, Locker, LockerBuilder, Outcome,
-    DEFAULT_MAX_LOCKS,
-};
+pub use locker::{current_locks, HeldLock, Locker, LockerBuilder, Outcome, DEFAULT_MAX_LOCKS};
 pub use options::{LockOptions, Mode, WaitStrategy};
 pub use redact::redact_url;
+pub use types::{BackendKind, Capabilities, Holder, ListedLock};
 
 /// The workspace README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]

@@ -8,66 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::guard::{Held, LockGuard};
 use crate::key::Prefix;
+pub(crate) use crate::settings::Settings;
+use crate::types::{BackendKind, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
-
-/// Which backend a [`Locker`] talks to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BackendKind {
-    /// PostgreSQL advisory locks.
-    Postgres,
-    /// MySQL / MariaDB `GET_LOCK`.
-    Mysql,
-    /// Lock files on this host, plus in-process arbitration.
-    Local,
-}
-
-impl BackendKind {
-    /// `"postgres"`, `"mysql"` or `"local"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Postgres => "postgres",
-            BackendKind::Mysql => "mysql",
-            BackendKind::Local => "local",
-        }
-    }
-}
-
-/// Who holds a lock, as the server reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Holder {
-    /// Backend process id (PostgreSQL) or connection id (MySQL) or OS
-    /// process id (local backend, when known).
-    pub pid: i64,
-    /// Exclusive or shared.
-    pub mode: Mode,
-    /// The holder's `application_name` (PostgreSQL), or program name.
-    pub application: Option<String>,
-    /// The database user.
-    pub user: Option<String>,
-    /// The holder's client address (`host:port` or `local`).
-    pub client: Option<String>,
-    /// Since when, as the server tells it (its own text): on PostgreSQL the
-    /// holder's transaction start, else its connection start; on MySQL the
-    /// start of the holder connection's current command; on the local
-    /// backend the holder's note, when it wrote one.
-    pub since: Option<String>,
-}
-
-/// One lock in [`Locker::list`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ListedLock {
-    /// The lock's name, where it can be known (PostgreSQL: from the lock
-    /// statement's SQL comment, which the gem writes too).
-    pub name: Option<String>,
-    /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
-    /// the lock file name (local).
-    pub key: String,
-    /// Who holds it.
-    pub holder: Holder,
-}
 
 /// A lock held by the current task through [`Locker::with_lock`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,20 +86,6 @@ macro_rules! dispatch {
             Backend::Local($b) => $body,
         }
     };
-}
-
-/// Settings shared by every backend.
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    pub(crate) prefix: Prefix,
-    pub(crate) max_locks: usize,
-    pub(crate) keepalive: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) application_name: String,
-    pub(crate) name_comments: bool,
-    /// Tests only: skip the connect-time pooler check, so the per-statement
-    /// session checks meet a pooler alone.
-    pub(crate) skip_pooler_check: bool,
 }
 
 struct Inner {
@@ -351,30 +280,36 @@ impl LockerBuilder {
                 // connects: its password would reach the server as a host or
                 // database name (and come back in the server's error).
                 crate::redact::check(url)?;
-                match crate::redact::split_scheme(url) {
+                match BackendKind::from_url(url) {
                     #[cfg(feature = "postgres")]
-                    Some((s, _)) if s == "postgres" || s == "postgresql" => Backend::Postgres(Box::new(
+                    Some(BackendKind::Postgres) => Backend::Postgres(Box::new(
                         crate::postgres::PgBackend::connect(url, &self.settings).await?,
                     )),
                     #[cfg(feature = "mysql")]
-                    Some((s, _)) if s == "mysql" || s == "mariadb" => {
+                    Some(BackendKind::Mysql) => {
                         Backend::Mysql(crate::mysql::MyBackend::connect(url, &self.settings, id).await?)
                     }
-                    Some((s, _)) if s == "file" => Backend::Local(crate::local::LocalBackend::new(
-                        Some(PathBuf::from(file_url_path(url)?)),
+                    Some(BackendKind::Local) => Backend::Local(crate::local::LocalBackend::new(
+                        Some(PathBuf::from(crate::redact::file_url_path(url)?)),
                         &self.settings,
                     )?),
-                    Some((s, _)) => {
+                    #[allow(unreachable_patterns)]
+                    Some(kind) => {
                         return Err(Error::Config(format!(
-                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                            "the {} backend is not built in (cargo feature `{}`)",
+                            kind.as_str(),
+                            kind.as_str()
                         )))
                     }
-                    None => {
-                        return Err(Error::Config(format!(
+                    None => return Err(Error::Config(match crate::redact::split_scheme(url) {
+                        Some((s, _)) => format!(
+                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                        ),
+                        None => format!(
                             "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
                             crate::redact::redact_url(url)
-                        )))
-                    }
+                        ),
+                    })),
                 }
             }
         };
@@ -630,53 +565,11 @@ impl Locker {
     }
 }
 
-/// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
-/// with `%XX` escapes decoded. Errors do not quote the URL.
-pub(crate) fn file_url_path(url: &str) -> Result<String> {
-    let rest = url.get("file://".len()..).unwrap_or_default();
-    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
-    if !rest.starts_with('/') {
-        return Err(Error::Config(
-            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
-        ));
-    }
-    let bytes = rest.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
-}
-
 /// Undoes a cap reservation unless forgotten.
 struct Reservation<'a>(&'a AtomicUsize);
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn file_urls() {
-        use super::file_url_path;
-        assert_eq!(file_url_path("file:///tmp/x").unwrap(), "/tmp/x");
-        assert_eq!(file_url_path("file://localhost/tmp/x").unwrap(), "/tmp/x");
-        assert_eq!(file_url_path("file:///tmp/a%20b").unwrap(), "/tmp/a b");
-        assert_eq!(file_url_path("file:///tmp/100%").unwrap(), "/tmp/100%");
-        assert_eq!(file_url_path("file:///tmp/%é").unwrap(), "/tmp/%é");
-        assert!(file_url_path("file://relative").is_err());
     }
 }

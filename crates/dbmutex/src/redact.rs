@@ -98,7 +98,7 @@ pub fn redact_url(url: &str) -> String {
                 Some(d) => format!("{scheme}://{d}"),
                 None => format!("{scheme}://{UNPARSEABLE}"),
             },
-            "file" => match crate::locker::file_url_path(url) {
+            "file" => match file_url_path(url) {
                 Ok(path) => format!("file://{}", utf8_percent_encode(&path, PATH)),
                 Err(_) => format!("file://{UNPARSEABLE}"),
             },
@@ -119,6 +119,34 @@ pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
         && scheme.len() <= 32;
     ok.then(|| (scheme.to_ascii_lowercase(), rest))
+}
+
+/// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
+/// with `%XX` escapes decoded. Errors do not quote the URL.
+pub(crate) fn file_url_path(url: &str) -> Result<String> {
+    let rest = url.get("file://".len()..).unwrap_or_default();
+    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !rest.starts_with('/') {
+        return Err(Error::Config(
+            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
+        ));
+    }
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
 }
 
 /// Refuses, before anything connects, a database URL that the driver would
@@ -357,6 +385,16 @@ pub(crate) fn mysql_reason(e: &mysql_async::UrlError) -> String {
 #[cfg(all(test, feature = "postgres", feature = "mysql"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_urls() {
+        assert_eq!(file_url_path("file:///tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file://localhost/tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file:///tmp/a%20b").unwrap(), "/tmp/a b");
+        assert_eq!(file_url_path("file:///tmp/100%").unwrap(), "/tmp/100%");
+        assert_eq!(file_url_path("file:///tmp/%é").unwrap(), "/tmp/%é");
+        assert!(file_url_path("file://relative").is_err());
+    }
 
     #[test]
     fn descriptions() {

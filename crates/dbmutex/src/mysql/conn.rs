@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
-use crate::locker::Settings;
 use crate::redact::{mysql_reason, redact_url};
+use crate::settings::Settings;
 use crate::{Error, Result};
 
 /// What `Queryable` methods return.

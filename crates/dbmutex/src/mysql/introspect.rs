@@ -6,7 +6,8 @@ use mysql_async::prelude::Queryable;
 use super::conn::{Connector, RunError};
 use super::run_err;
 use crate::key::{mysql_looks_mapped, Prefix};
-use crate::locker::{Holder, ListedLock, Settings};
+use crate::settings::Settings;
+use crate::types::{Holder, ListedLock};
 use crate::{Error, LockName, Mode, Result};
 
 /// The holder's connection id, user, host, and when its current state began

@@ -162,7 +162,8 @@ use tokio::sync::oneshot;
 use crate::arbiter::{Arbiter, Hold};
 use crate::guard::Held;
 use crate::key::{mysql_lock_string_for, MysqlFlavour, Prefix};
-use crate::locker::{Holder, ListedLock, Settings};
+use crate::settings::Settings;
+use crate::types::{Holder, ListedLock};
 use crate::{wait, BackendKind, Error, LockName, LockOptions, Mode, Result};
 
 /// The longest single `GET_LOCK` of a wait; a longer one (or one without a

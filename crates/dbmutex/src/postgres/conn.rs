@@ -9,8 +9,8 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
 
 use super::sql::{self, Call};
 use crate::key::PgKey;
-use crate::locker::Settings;
 use crate::redact::{pg_reason, redact_url};
+use crate::settings::Settings;
 use crate::{Error, Result};
 use crate::{LockName, Mode};
 

@@ -41,7 +41,8 @@ use sql::Call;
 use crate::arbiter::{Arbiter, Hold};
 use crate::guard::{BoxFuture, Held};
 use crate::key::{pg_key, PgKey, Prefix};
-use crate::locker::{Holder, ListedLock, Settings};
+use crate::settings::Settings;
+use crate::types::{Holder, ListedLock};
 use crate::wait;
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 

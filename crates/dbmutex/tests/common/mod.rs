@@ -84,19 +84,28 @@ impl Backend {
         }
     }
 
+    /// The library's kind for this backend.
+    pub fn kind(self) -> dbmutex::BackendKind {
+        match self {
+            Backend::Postgres => dbmutex::BackendKind::Postgres,
+            Backend::Mysql => dbmutex::BackendKind::Mysql,
+            Backend::Local => dbmutex::BackendKind::Local,
+        }
+    }
+
     /// Shared locks exist on this backend.
     pub fn supports_shared(self) -> bool {
-        self != Backend::Mysql
+        self.kind().capabilities().shared
     }
 
     /// Transaction-level locks exist on this backend.
     pub fn supports_transaction(self) -> bool {
-        self == Backend::Postgres
+        self.kind().capabilities().transaction
     }
 
     /// A lock can be lost (its server connection can die).
     pub fn can_lose(self) -> bool {
-        self != Backend::Local
+        self.kind().capabilities().can_lose
     }
 
     /// Ends the server session with this id, as an operator would

@@ -1,0 +1,19 @@
+//! Settings shared by every backend, as the builder sets them.
+
+use std::time::Duration;
+
+use crate::key::Prefix;
+
+/// Settings shared by every backend.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) prefix: Prefix,
+    pub(crate) max_locks: usize,
+    pub(crate) keepalive: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) application_name: String,
+    pub(crate) name_comments: bool,
+    /// Tests only: skip the connect-time pooler check, so the per-statement
+    /// session checks meet a pooler alone.
+    pub(crate) skip_pooler_check: bool,
+}

@@ -1,0 +1,127 @@
+//! Data types every layer shares: which backend, what it can do, who holds
+//! a lock. They import nothing of the layers above them.
+
+use crate::Mode;
+
+/// Which backend a [`Locker`](crate::Locker) talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// PostgreSQL advisory locks.
+    Postgres,
+    /// MySQL / MariaDB `GET_LOCK`.
+    Mysql,
+    /// Lock files on this host, plus in-process arbitration.
+    Local,
+}
+
+impl BackendKind {
+    /// `"postgres"`, `"mysql"` or `"local"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Postgres => "postgres",
+            BackendKind::Mysql => "mysql",
+            BackendKind::Local => "local",
+        }
+    }
+
+    /// The backend a URL's scheme names, whatever its case:
+    /// `postgres://` and `postgresql://`, `mysql://` and `mariadb://`,
+    /// `file://` (the local backend). `None` for anything else. The one
+    /// table of schemes: [`Locker::connect`](crate::Locker::connect) and the
+    /// `dbmutex` command line both read it.
+    ///
+    /// ```
+    /// use dbmutex::BackendKind;
+    /// assert_eq!(BackendKind::from_url("mariadb://root@127.0.0.1/test"), Some(BackendKind::Mysql));
+    /// assert_eq!(BackendKind::from_url("file:///run/lock/dbmutex"), Some(BackendKind::Local));
+    /// assert_eq!(BackendKind::from_url("redis://127.0.0.1"), None);
+    /// ```
+    pub fn from_url(url: &str) -> Option<BackendKind> {
+        let (scheme, _) = url.split_once("://")?;
+        match scheme.to_ascii_lowercase().as_str() {
+            "postgres" | "postgresql" => Some(BackendKind::Postgres),
+            "mysql" | "mariadb" => Some(BackendKind::Mysql),
+            "file" => Some(BackendKind::Local),
+            _ => None,
+        }
+    }
+
+    /// What this backend can do: the one capability table (README's
+    /// comparison table says the same in words).
+    pub fn capabilities(self) -> Capabilities {
+        match self {
+            BackendKind::Postgres => Capabilities {
+                shared: true,
+                transaction: true,
+                server_wait: true,
+                can_lose: true,
+            },
+            BackendKind::Mysql => Capabilities {
+                shared: false,
+                transaction: false,
+                server_wait: true,
+                can_lose: true,
+            },
+            BackendKind::Local => Capabilities {
+                shared: true,
+                transaction: false,
+                server_wait: false,
+                can_lose: false,
+            },
+        }
+    }
+}
+
+/// What a backend can do (see [`BackendKind::capabilities`]); an option it
+/// cannot honour is refused with [`Error::Unsupported`](crate::Error::Unsupported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Shared (read) locks beside exclusive ones.
+    pub shared: bool,
+    /// Transaction-level locks ([`LockOptions::transaction`](crate::LockOptions::transaction)).
+    pub transaction: bool,
+    /// Waits in the server, with the server's deadlock detection; without
+    /// it, waits poll.
+    pub server_wait: bool,
+    /// A held lock can be lost (its server connection can end); the local
+    /// backend's locks live as long as the process.
+    pub can_lose: bool,
+}
+
+/// Who holds a lock, as the server reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// Backend process id (PostgreSQL) or connection id (MySQL) or OS
+    /// process id (local backend, when known).
+    pub pid: i64,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The holder's `application_name` (PostgreSQL), or program name.
+    pub application: Option<String>,
+    /// The database user.
+    pub user: Option<String>,
+    /// The holder's client address (`host:port` or `local`).
+    pub client: Option<String>,
+    /// Since when, as the server tells it (its own text): on PostgreSQL the
+    /// holder's transaction start, else its connection start; on MySQL the
+    /// start of the holder connection's current command; on the local
+    /// backend the holder's note, when it wrote one.
+    pub since: Option<String>,
+}
+
+/// One lock in [`Locker::list`](crate::Locker::list).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListedLock {
+    /// The lock's name, where it can be known (PostgreSQL: from the lock
+    /// statement's SQL comment, which the gem writes too).
+    pub name: Option<String>,
+    /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
+    /// the lock file name (local).
+    pub key: String,
+    /// Who holds it.
+    pub holder: Holder,
+}
