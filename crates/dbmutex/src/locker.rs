@@ -301,15 +301,17 @@ impl LockerBuilder {
                             kind.as_str()
                         )))
                     }
-                    None => return Err(Error::Config(match crate::redact::split_scheme(url) {
-                        Some((s, _)) => format!(
+                    None => {
+                        return Err(Error::Config(match crate::redact::split_scheme(url) {
+                            Some((s, _)) => format!(
                             "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
                         ),
-                        None => format!(
-                            "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
-                            crate::redact::redact_url(url)
-                        ),
-                    })),
+                            None => format!(
+                                "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
+                                crate::redact::redact_url(url)
+                            ),
+                        }))
+                    }
                 }
             }
         };
