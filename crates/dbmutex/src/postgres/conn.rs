@@ -140,24 +140,12 @@ impl Connector {
                         .connect(tokio_postgres::NoTls)
                         .await
                         .map_err(connect_err)?;
-                    Ok::<_, Error>(PgConn::start(
-                        client,
-                        conn,
-                        self.tls.clone(),
-                        on_notify,
-                        self.pooler_seen.clone(),
-                    ))
+                    Ok::<_, Error>(self.start(client, conn, on_notify))
                 }
                 #[cfg(feature = "tls")]
                 Tls::Rustls(t) => {
                     let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                    Ok::<_, Error>(PgConn::start(
-                        client,
-                        conn,
-                        self.tls.clone(),
-                        on_notify,
-                        self.pooler_seen.clone(),
-                    ))
+                    Ok::<_, Error>(self.start(client, conn, on_notify))
                 }
             }
         };
@@ -174,6 +162,26 @@ impl Connector {
                 format!("no answer from the server within {:?}", settings.connect_timeout).into(),
             )),
         }
+    }
+
+    /// Wraps a connected client in a [`PgConn`] of this connector.
+    fn start<S, T>(
+        &self,
+        client: Client,
+        conn: tokio_postgres::Connection<S, T>,
+        on_notify: Option<NotifyHandler>,
+    ) -> Arc<PgConn>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        PgConn::start(
+            client,
+            conn,
+            self.tls.clone(),
+            on_notify,
+            self.pooler_seen.clone(),
+        )
     }
 
     /// True once any connection of this connector has seen its statements
