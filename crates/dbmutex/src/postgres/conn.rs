@@ -391,9 +391,9 @@ impl PgConn {
                 "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
                  THEN set_config('dbmutex.owner', $1, false) \
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-                 (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_activity WHERE pid = pg_backend_pid()), \
-                 current_setting('max_locks_per_transaction')::int8, \
-                 current_setting('max_connections')::int8 + current_setting('max_prepared_transactions')::int8",
+                 (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_get_activity(pg_backend_pid())), \
+                 current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
+                 current_setting('max_prepared_transactions')",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
@@ -402,9 +402,16 @@ impl PgConn {
             .first()
             .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
         let owner: Option<String> = row.get(0);
+        // Read as text: casts and the pg_stat_activity view would cost a
+        // fresh backend milliseconds of catalog lookups on every connect.
+        let setting = |i: usize| -> u64 {
+            row.get::<_, Option<String>>(i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
         let _ = self.lock_table.set(super::budget::LockTable {
-            per_transaction: row.get::<_, i64>(3).max(1) as u64,
-            slots: row.get::<_, i64>(4).max(1) as u64,
+            per_transaction: setting(3).max(1),
+            slots: (setting(4) + setting(5)).max(1),
         });
         if owner.as_deref() == Some(token.as_str()) {
             let _ = self.claim.set(Claim {
@@ -453,8 +460,8 @@ impl PgConn {
                 let ended = me
                     .client
                     .query_typed(
-                        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a \
-                         WHERE a.pid = $1 AND extract(epoch FROM a.backend_start)::text = $2 \
+                        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_get_activity($1) a \
+                         WHERE extract(epoch FROM a.backend_start)::text = $2 \
                          AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory')",
                         &[
                             (&c.pid, tokio_postgres::types::Type::INT4),
