@@ -7,25 +7,11 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::process::{Command, Stdio};
 
+mod support;
+
+use support::Rng;
+
 const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
-
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[self.below(xs.len())]
-    }
-}
 
 fn name(rng: &mut Rng, case: usize) -> OsString {
     let unique = format!("fz{}-{case}", std::process::id());
