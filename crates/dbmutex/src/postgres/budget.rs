@@ -14,8 +14,12 @@
 //!   without asking;
 //! - to go past its allowance it counts the server's lock-table entries
 //!   (`pg_locks`, fast-path entries excluded: they are not in the table) and
-//!   goes on only if `used + step ≤ 3/4 × capacity`; its allowance then
-//!   grows by `step`. Otherwise the acquisition fails with
+//!   goes on only if `used + admitted + step ≤ 3/4 × capacity`, where
+//!   `admitted` are its own acquisitions under way that the server has not
+//!   granted yet (so not counted); its allowance then becomes what it holds
+//!   and has admitted plus `step`, so one count admits at most `step` locks
+//!   the server has not seen. Releases lower the allowance again: room is
+//!   lent, not kept. Past the budget the acquisition fails with
 //!   [`Error::ServerLockBudget`], and the server keeps a quarter of its table.
 //!
 //! Every client holds a server connection, so at most `max_connections`
