@@ -2,9 +2,9 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod arbiter;
+mod builder;
+mod core;
 mod error;
-mod guard;
 pub mod key;
 mod local;
 mod locker;
@@ -16,15 +16,16 @@ pub mod postgres;
 mod redact;
 mod settings;
 mod types;
-mod wait;
 
+pub use crate::core::guard::LockGuard;
+pub use crate::core::scope::current_locks;
+pub use builder::{LockerBuilder, DEFAULT_MAX_LOCKS};
 pub use error::{Error, Result};
-pub use guard::LockGuard;
 pub use key::{LockName, Prefix};
-pub use locker::{current_locks, HeldLock, Locker, LockerBuilder, Outcome, DEFAULT_MAX_LOCKS};
+pub use locker::Locker;
 pub use options::{LockOptions, Mode, WaitStrategy};
 pub use redact::redact_url;
-pub use types::{BackendKind, Capabilities, Holder, ListedLock};
+pub use types::{BackendKind, Capabilities, HeldLock, Holder, ListedLock, Outcome};
 
 /// The workspace README's examples, compiled as doctests so they stay true.
 #[cfg(doctest)]

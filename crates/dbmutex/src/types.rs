@@ -1,7 +1,7 @@
 //! Data types every layer shares: which backend, what it can do, who holds
 //! a lock. They import nothing of the layers above them.
 
-use crate::Mode;
+use crate::{LockName, Mode};
 
 /// Which backend a [`Locker`](crate::Locker) talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,18 +56,21 @@ impl BackendKind {
                 transaction: true,
                 server_wait: true,
                 can_lose: true,
+                session_locks: true,
             },
             BackendKind::Mysql => Capabilities {
                 shared: false,
                 transaction: false,
                 server_wait: true,
                 can_lose: true,
+                session_locks: true,
             },
             BackendKind::Local => Capabilities {
                 shared: true,
                 transaction: false,
                 server_wait: false,
                 can_lose: false,
+                session_locks: true,
             },
         }
     }
@@ -88,6 +91,11 @@ pub struct Capabilities {
     /// A held lock can be lost (its server connection can end); the local
     /// backend's locks live as long as the process.
     pub can_lose: bool,
+    /// Locks held until released (not only until a transaction ends).
+    /// Always true of a backend; false on a [`Locker`](crate::Locker)
+    /// whose PostgreSQL server sits behind a transaction pooler (see
+    /// [`Locker::capabilities`](crate::Locker::capabilities)).
+    pub session_locks: bool,
 }
 
 /// Who holds a lock, as the server reports it.
@@ -124,4 +132,41 @@ pub struct ListedLock {
     pub key: String,
     /// Who holds it.
     pub holder: Holder,
+}
+
+/// A lock held by the current task through [`Locker::with_lock`](crate::Locker::with_lock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The lock's name.
+    pub name: LockName,
+    /// Exclusive or shared.
+    pub mode: Mode,
+    /// The backend that holds it.
+    pub backend: BackendKind,
+    pub(crate) locker_id: u64,
+}
+
+/// The result of a scoped call: the closure's value, or "not acquired".
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome<T> {
+    /// The lock was acquired and the closure returned this value.
+    Acquired(T),
+    /// The lock was not acquired within the wait; the closure did not run.
+    NotAcquired,
+}
+
+impl<T> Outcome<T> {
+    /// `Some(value)` if the closure ran.
+    pub fn acquired(self) -> Option<T> {
+        match self {
+            Outcome::Acquired(v) => Some(v),
+            Outcome::NotAcquired => None,
+        }
+    }
+
+    /// True if the closure ran.
+    pub fn was_acquired(&self) -> bool {
+        matches!(self, Outcome::Acquired(_))
+    }
 }

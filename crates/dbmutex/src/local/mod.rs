@@ -59,12 +59,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::arbiter::{Arbiter, Hold};
-use crate::guard::{BoxFuture, Held};
+use crate::core::arbiter::{Arbiter, Hold};
+use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
+use crate::core::guard::{BoxFuture, Grant};
+use crate::core::loss::LossToken;
 use crate::key::local_file_name;
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
-use crate::wait;
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result};
 use file::LockFile;
 
@@ -104,7 +105,7 @@ struct Request {
     application: String,
 }
 
-enum Attempt {
+enum Tried {
     Locked(LockFile),
     /// Held elsewhere; the descriptor to try again with (`None` after the
     /// file was found replaced).
@@ -114,24 +115,24 @@ enum Attempt {
 /// One attempt: open the file unless a descriptor is left from the last
 /// attempt, try the lock, and on success check the path still names the
 /// locked file and note the holder.
-fn attempt(req: &Request, fd: Option<LockFile>) -> Result<Attempt> {
+fn attempt(req: &Request, fd: Option<LockFile>) -> Result<Tried> {
     let fd = match fd {
         Some(fd) => fd,
         None => LockFile::open(&req.path)?,
     };
     if !fd.try_lock(req.mode, &req.path)? {
-        return Ok(Attempt::Busy(Some(fd)));
+        return Ok(Tried::Busy(Some(fd)));
     }
     if !fd.is_at(&req.path)? {
         // Dropping the descriptor frees the lock on the orphaned file.
-        return Ok(Attempt::Busy(None));
+        return Ok(Tried::Busy(None));
     }
     fd.write_note(req.mode, &req.full_name, &req.application, &req.path);
-    Ok(Attempt::Locked(fd))
+    Ok(Tried::Locked(fd))
 }
 
 impl LocalBackend {
-    pub(crate) fn new(dir: Option<PathBuf>, _settings: &Settings) -> Result<Self> {
+    pub(crate) fn new(dir: Option<PathBuf>) -> Result<Self> {
         let dir = dir::resolve(dir)?;
         tracing::debug!(dir = %dir.display(), "dbmutex: local lock directory");
         Ok(LocalBackend {
@@ -139,106 +140,137 @@ impl LocalBackend {
             arbiter: Arc::default(),
         })
     }
+}
 
-    pub(crate) fn kind(&self) -> BackendKind {
+/// One polling wait: the request and the descriptor kept between tries
+/// (the mutex is never held across an await, only the plain value moved in
+/// and out).
+pub(crate) struct Tries {
+    req: Arc<Request>,
+    spare: Mutex<Option<LockFile>>,
+}
+
+impl Backend for LocalBackend {
+    /// The lock file's name, which is what the OS lock is on.
+    type Key = String;
+    type SlotExt = ();
+    type Ticket = ();
+    type Tries = Tries;
+
+    fn kind(&self) -> BackendKind {
         BackendKind::Local
     }
 
-    fn path_of(&self, name: &LockName, settings: &Settings) -> Result<(String, PathBuf)> {
-        let file_name = local_file_name(name, &settings.prefix)?;
-        let path = self.dir.join(&file_name);
-        Ok((file_name, path))
+    fn explain(&self, missing: Missing) -> String {
+        match missing {
+            Missing::Transaction => {
+                "transaction-level locks need PostgreSQL; the local backend has no transactions \
+                 (drop `transaction(true)` for a lock held until the guard is released)"
+                    .into()
+            }
+            m => format!("the local backend cannot do this: {m:?}"),
+        }
+    }
+
+    fn key(&self, name: &LockName, settings: &Settings) -> Result<String> {
+        local_file_name(name, &settings.prefix)
+    }
+
+    fn key_text(&self, key: &String) -> String {
+        key.clone()
+    }
+
+    fn arbiter(&self) -> &Arc<Arbiter<String>> {
+        &self.arbiter
+    }
+
+    /// Polls: the kernel's file locks have no queue to wait in.
+    fn plan(&self, opts: &LockOptions) -> Plan {
+        Plan {
+            hold: true,
+            wait: WaitIn::Poll {
+                max_backoff: opts.max_backoff.min(MAX_POLL),
+            },
+        }
+    }
+
+    fn admit<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        std::future::ready(Ok(()))
+    }
+
+    fn prepare<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Tries> {
+        std::future::ready(Ok(Tries {
+            req: Arc::new(Request {
+                path: self.dir.join(at.key),
+                mode: at.opts.mode,
+                full_name: format!("{}{}", at.settings.prefix.text(), at.name),
+                application: at.settings.application_name.clone(),
+            }),
+            spare: Mutex::new(None),
+        }))
     }
 
     /// # Cancel safety
     ///
-    /// Cancel-safe: every lock taken so far belongs to a descriptor or an
-    /// in-process hold owned by this future (or by a blocking-pool attempt
-    /// whose result is dropped), so dropping it frees everything.
-    pub(crate) async fn acquire(
-        &self,
-        name: &LockName,
-        opts: &LockOptions,
-        settings: &Settings,
-    ) -> Result<Option<Box<dyn Held>>> {
-        if opts.transaction {
-            return Err(Error::Unsupported(
-                "transaction-level locks need PostgreSQL; the local backend has no transactions \
-                 (drop `transaction(true)` for a lock held until the guard is released)"
-                    .into(),
-            ));
-        }
-        let (file_name, path) = self.path_of(name, settings)?;
-        let deadline = wait::deadline(opts.timeout);
-        let Some(hold) = self.arbiter.hold(&file_name, opts.mode, deadline).await else {
-            return Ok(None);
-        };
-        let req = Arc::new(Request {
-            path,
-            mode: opts.mode,
-            full_name: format!("{}{name}", settings.prefix.text()),
-            application: settings.application_name.clone(),
-        });
-        // The descriptor between attempts; the lock is never held across
-        // an await, only the plain value moved in and out.
-        let spare: Mutex<Option<LockFile>> = Mutex::new(None);
-        let spare = &spare;
-        let slot = hold.slot().clone();
-        let got = wait::poll_until(
-            deadline,
-            opts.max_backoff.min(MAX_POLL),
-            Some(&slot.remote),
-            || {
-                let req = req.clone();
-                async move {
-                    let fd = spare.lock().unwrap_or_else(PoisonError::into_inner).take();
-                    match blocking(move || attempt(&req, fd)).await? {
-                        Attempt::Locked(fd) => Ok(Some(fd)),
-                        Attempt::Busy(fd) => {
-                            *spare.lock().unwrap_or_else(PoisonError::into_inner) = fd;
-                            Ok(None)
-                        }
-                    }
+    /// Cancel-safe: a lock taken on the blocking pool belongs to a
+    /// descriptor whose result is dropped with the task's, and a grant owns
+    /// its descriptor and hold.
+    fn try_once<'a>(
+        &'a self,
+        tries: &'a Tries,
+        at: &'a mut Attempt<'_, Self>,
+    ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
+        async move {
+            let fd = tries.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let req = tries.req.clone();
+            let file = match blocking(move || attempt(&req, fd)).await? {
+                Tried::Locked(fd) => fd,
+                Tried::Busy(fd) => {
+                    *tries.spare.lock().unwrap_or_else(PoisonError::into_inner) = fd;
+                    return Ok(None);
                 }
-            },
-        )
-        .await?;
-        let Some(file) = got else {
-            return Ok(None);
-        };
-        let held = Box::new(LocalHeld {
-            file: Some(file),
-            hold: Some(hold),
-        });
-        // One await point with the lock taken, even when the blocking-pool
-        // work finished before it was awaited (a woken pool thread often runs
-        // first): cancellation there must free the lock, and the shared
-        // behaviour tests cancel each backend's acquire at each await point.
-        tokio::task::yield_now().await;
-        Ok(Some(held))
+            };
+            let grant = Box::new(FileGrant::new(file, at.hold.take()));
+            // One await point with the lock taken, even when the blocking-pool
+            // work finished before it was awaited (a woken pool thread often
+            // runs first): cancellation there must free the lock, and the
+            // shared behaviour tests cancel each backend's acquire at each
+            // await point.
+            tokio::task::yield_now().await;
+            Ok(Some(grant as Box<dyn Grant>))
+        }
     }
 
-    pub(crate) async fn is_locked(&self, name: &LockName, settings: &Settings) -> Result<bool> {
-        let (_, path) = self.path_of(name, settings)?;
+    fn is_locked<'a>(
+        &'a self,
+        _name: &'a LockName,
+        key: &'a String,
+        _settings: &'a Settings,
+    ) -> impl Fut<'a, bool> {
+        let path = self.dir.join(key);
         // Tasks of this process hold the file too, so the probe sees them.
-        blocking(move || Ok(file::probe(&path)?.is_some())).await
+        blocking(move || Ok(file::probe(&path)?.is_some()))
     }
 
-    pub(crate) async fn holders(&self, name: &LockName, settings: &Settings) -> Result<Vec<Holder>> {
-        let (_, path) = self.path_of(name, settings)?;
+    fn holders<'a>(
+        &'a self,
+        _name: &'a LockName,
+        key: &'a String,
+        _settings: &'a Settings,
+    ) -> impl Fut<'a, Vec<Holder>> {
+        let path = self.dir.join(key);
         blocking(move || {
             Ok(match file::probe(&path)? {
                 Some(mode) => holders_at(&path, mode),
                 None => Vec::new(),
             })
         })
-        .await
     }
 
-    pub(crate) async fn list(&self, settings: &Settings) -> Result<Vec<ListedLock>> {
+    fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
         let dir = self.dir.clone();
         let prefix = settings.prefix.text().to_owned();
-        blocking(move || list_dir(&dir, &prefix)).await
+        blocking(move || list_dir(&dir, &prefix))
     }
 }
 
@@ -311,14 +343,22 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
     Ok(out)
 }
 
-/// A held local lock: its descriptor and its in-process hold.
-struct LocalHeld {
+/// A held lock file: its descriptor and its in-process hold. Dropped, it
+/// unlocks at once (a file lock needs no round trip).
+struct FileGrant {
     /// `None` once released.
     file: Option<LockFile>,
     hold: Option<Hold<String>>,
 }
 
-impl LocalHeld {
+impl FileGrant {
+    fn new(file: LockFile, hold: Option<Hold<String>>) -> Self {
+        FileGrant {
+            file: Some(file),
+            hold,
+        }
+    }
+
     fn unlock(&mut self) -> Result<()> {
         let r = match self.file.take() {
             // Closing would free the lock even if unlocking failed.
@@ -333,191 +373,21 @@ impl LocalHeld {
     }
 }
 
-impl Held for LocalHeld {
+impl Grant for FileGrant {
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         Box::pin(std::future::ready(self.unlock()))
     }
 
-    fn lost_signal(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
-        None
+    fn loss(&self) -> LossToken {
+        LossToken::never()
     }
 }
 
-impl Drop for LocalHeld {
+impl Drop for FileGrant {
     fn drop(&mut self) {
         let _ = self.unlock();
     }
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::key::Prefix;
-
-    /// A fresh directory under the system's temp dir, removed on drop.
-    pub(crate) struct TempDir(PathBuf);
-
-    impl TempDir {
-        pub(crate) fn new(tag: &str) -> TempDir {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            static N: AtomicU32 = AtomicU32::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "dbmutex-unit-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).unwrap();
-            TempDir(dir)
-        }
-
-        pub(crate) fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn settings(prefix: &str) -> Settings {
-        Settings {
-            prefix: Prefix::new(prefix),
-            max_locks: 10,
-            keepalive: Duration::from_secs(1),
-            connect_timeout: Duration::from_secs(1),
-            application_name: "unit".into(),
-            name_comments: true,
-            skip_pooler_check: false,
-        }
-    }
-
-    fn backend(dir: &TempDir) -> LocalBackend {
-        LocalBackend::new(Some(dir.path().to_owned()), &settings("")).unwrap()
-    }
-
-    #[tokio::test]
-    async fn unsupported_requests_are_typed_errors() {
-        let dir = TempDir::new("unsupported");
-        let b = backend(&dir);
-        let s = settings("");
-        let xact = LockOptions::try_once().transaction(true);
-        let err = b.acquire(&"a".into(), &xact, &s).await.err().unwrap();
-        assert!(
-            matches!(&err, Error::Unsupported(m) if m.contains("PostgreSQL")),
-            "{err}"
-        );
-        let raw = LockName::raw_i64(1);
-        let err = b.acquire(&raw, &LockOptions::try_once(), &s).await.err().unwrap();
-        assert!(matches!(err, Error::Unsupported(_)), "{err}");
-        assert!(matches!(b.is_locked(&raw, &s).await, Err(Error::Unsupported(_))));
-    }
-
-    #[tokio::test]
-    async fn holders_and_list_by_mode() {
-        let dir = TempDir::new("holders");
-        let (b, other) = (backend(&dir), backend(&dir));
-        let s = settings("app:");
-        let name: LockName = "job\nwith newline".into();
-        assert!(b.holders(&name, &s).await.unwrap().is_empty());
-        assert!(b.list(&s).await.unwrap().is_empty());
-
-        let x = b
-            .acquire(&name, &LockOptions::try_once(), &s)
-            .await
-            .unwrap()
-            .unwrap();
-        let h = other.holders(&name, &s).await.unwrap();
-        assert_eq!(h.len(), 1);
-        assert_eq!(
-            (h[0].pid, h[0].mode, h[0].application.as_deref()),
-            (i64::from(std::process::id()), Mode::Exclusive, Some("unit"))
-        );
-        let listed = other.list(&s).await.unwrap();
-        assert_eq!(listed.len(), 1);
-        assert_eq!(
-            listed[0].name.as_deref(),
-            Some("job\nwith newline"),
-            "prefix removed"
-        );
-        assert_eq!(listed[0].key, local_file_name(&name, &s.prefix).unwrap());
-        // Under another prefix the stored text is shown whole.
-        let unprefixed = other.list(&settings("")).await.unwrap();
-        assert_eq!(unprefixed[0].name.as_deref(), Some("app:job\nwith newline"));
-        drop(x);
-        assert!(
-            other.list(&s).await.unwrap().is_empty(),
-            "free files are not listed"
-        );
-        assert!(dir.path().join(&listed[0].key).exists(), "files stay");
-
-        let shared = LockOptions::try_once().shared(true);
-        let s1 = b.acquire(&name, &shared, &s).await.unwrap().unwrap();
-        let s2 = other.acquire(&name, &shared, &s).await.unwrap().unwrap();
-        let h = b.holders(&name, &s).await.unwrap();
-        let me = i64::from(std::process::id());
-        // At least one per descriptor. Run beside the other unit tests, the
-        // kernel's table once showed a third shared lock of this process on
-        // the same device and inode (seen in CI, not explained yet; see
-        // the closing note of the session that relaxed this).
-        assert!(h.len() >= 2, "one per descriptor: {h:?}");
-        assert!(
-            h.iter()
-                .all(|h| (h.pid, h.mode, h.since.as_ref()) == (me, Mode::Shared, None)),
-            "the stale exclusive note is not reported: {h:?}"
-        );
-        assert_eq!(b.list(&s).await.unwrap()[0].holder.mode, Mode::Shared);
-        drop((s1, s2));
-        assert!(!b.is_locked(&name, &s).await.unwrap());
-    }
-
-    #[tokio::test]
-    async fn server_strategy_polls_and_backoff_is_capped() {
-        let dir = TempDir::new("server");
-        let (a, b) = (backend(&dir), backend(&dir));
-        let s = settings("");
-        let name: LockName = "server".into();
-        let held = a.acquire(&name, &LockOptions::new(), &s).await.unwrap().unwrap();
-        let opts = LockOptions::new()
-            .wait_strategy(crate::WaitStrategy::Server)
-            .max_backoff(Duration::from_secs(10));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let waiter = tokio::spawn(async move {
-            let g = b.acquire(&name, &opts, &s).await.unwrap().unwrap();
-            let _ = tx.send(tokio::time::Instant::now());
-            g
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiter.is_finished(), "waits while held");
-        let released = tokio::time::Instant::now();
-        drop(held);
-        let took = rx.await.unwrap() - released;
-        // Another backend (as another process would) notices by polling,
-        // with a 10 s max_backoff capped at 20 ms.
-        assert!(took < Duration::from_millis(200), "hand-off took {took:?}");
-        drop(waiter.await.unwrap());
-    }
-
-    #[tokio::test]
-    async fn a_file_removed_under_a_waiter_is_not_trusted() {
-        let dir = TempDir::new("removed");
-        let (b, s) = (backend(&dir), settings(""));
-        let name: LockName = "gone".into();
-        let (_, path) = b.path_of(&name, &s).unwrap();
-        let req = Request {
-            path: path.clone(),
-            mode: Mode::Exclusive,
-            full_name: "gone".into(),
-            application: "unit".into(),
-        };
-        let stale = LockFile::open(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        assert!(matches!(attempt(&req, Some(stale)).unwrap(), Attempt::Busy(None)));
-        let Attempt::Locked(fd) = attempt(&req, None).unwrap() else {
-            panic!("a fresh attempt locks the current file");
-        };
-        assert!(fd.is_at(&path).unwrap());
-        assert!(b.is_locked(&name, &s).await.unwrap());
-    }
-}
+pub(crate) mod tests;

@@ -34,8 +34,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 use tokio::sync::Notify;
 
-use super::held::LockConn;
-use super::{answer_bound, Shared};
+use super::get_lock::answer_bound;
+use super::lock_conn::LockConn;
+use super::registry::Shared;
 
 /// The longest time between two checks (shorter when `keepalive` is).
 pub(super) const CHECK_INTERVAL: Duration = Duration::from_millis(50);
@@ -130,7 +131,7 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
 }
 
 fn snapshot(s: &Shared) -> Vec<Seen> {
-    let held = s.held.lock().unwrap_or_else(|e| e.into_inner());
+    let held = s.registry.lock().unwrap_or_else(|e| e.into_inner());
     held.iter()
         .filter(|(_, r)| !r.lc.is_lost())
         .map(|(lock, r)| Seen {

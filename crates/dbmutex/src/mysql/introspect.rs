@@ -4,7 +4,7 @@
 use mysql_async::prelude::Queryable;
 
 use super::conn::{Connector, RunError};
-use super::run_err;
+use super::errors::run_err;
 use crate::key::{mysql_looks_mapped, Prefix};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};

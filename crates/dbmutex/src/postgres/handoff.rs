@@ -26,17 +26,45 @@
 //! this protocol (the gem, psql) are still noticed by the waiter's backoff
 //! polling.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
-use super::{unlock_on, NotifyHandler, PgConn};
-use crate::arbiter::{Arbiter, Hold, Slot};
+use super::conn::{NotifyHandler, PgConn};
+use super::session_lock::SessionLock;
+use crate::core::arbiter::{Arbiter, Hold, Slot, SlotExt};
 use crate::key::PgKey;
-use crate::{LockName, Mode};
+
+/// PostgreSQL's hand-off state for one key, beside the in-process hold.
+#[derive(Default)]
+pub(crate) struct PgSlot {
+    /// Woken when another process may have released (`NOTIFY`).
+    pub(crate) remote: Notify,
+    /// Another process has said it waits for this key: tell it on release.
+    pub(crate) wanted: AtomicBool,
+    /// Server locks a releaser left on its session for the next in-process
+    /// holder, one entry per lock: the session's id.
+    pub(crate) parked: Mutex<Vec<u64>>,
+    /// Since when (ms on the process clock, 0: not) in-process hand-offs
+    /// have kept the server lock on the session without a break.
+    pub(crate) parked_since_ms: AtomicU64,
+}
+
+impl SlotExt for PgSlot {
+    /// A parked lock keeps the key's entry until it is taken or reaped.
+    fn idle(&self) -> bool {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+}
+
+/// The arbiter of a PostgreSQL locker.
+pub(crate) type PgArbiter = Arbiter<PgKey, PgSlot>;
+/// An in-process hold on a PostgreSQL key.
+pub(crate) type PgHold = Hold<PgKey, PgSlot>;
 
 /// The channel every lock session listens on.
 pub(crate) const CHANNEL: &str = "dbmutex_handoff";
@@ -68,7 +96,7 @@ fn parse(payload: &str) -> Option<(char, u64, PgKey)> {
 }
 
 /// The lock session's handler for the channel; `me` is the locker's id.
-pub(crate) fn handler(arbiter: Arc<Arbiter<PgKey>>, me: u64) -> NotifyHandler {
+pub(crate) fn handler(arbiter: Arc<PgArbiter>, me: u64) -> NotifyHandler {
     Arc::new(move |channel: &str, msg: &str| {
         if channel != CHANNEL {
             return;
@@ -82,8 +110,8 @@ pub(crate) fn handler(arbiter: Arc<Arbiter<PgKey>>, me: u64) -> NotifyHandler {
         // Only keys this locker uses now have a slot; others are ignored.
         if let Some(slot) = arbiter.existing_slot(&key) {
             match kind {
-                'w' => slot.slot().wanted.store(true, Ordering::Relaxed),
-                'r' => slot.slot().remote.notify_waiters(),
+                'w' => slot.slot().ext.wanted.store(true, Ordering::Relaxed),
+                'r' => slot.slot().ext.remote.notify_waiters(),
                 _ => {}
             }
         }
@@ -124,19 +152,19 @@ impl Channel {
 
 /// Whether another locker announced it waits for the held key; clears the
 /// mark (a waiter that still waits announces again).
-pub(crate) fn take_wanted(hold: Option<&Hold<PgKey>>) -> bool {
-    hold.is_some_and(|h| h.slot().wanted.swap(false, Ordering::Relaxed))
+pub(crate) fn take_wanted(hold: Option<&PgHold>) -> bool {
+    hold.is_some_and(|h| h.slot().ext.wanted.swap(false, Ordering::Relaxed))
 }
 
 /// A waiter's announcements for one wait.
-pub(crate) struct Want<'a> {
-    channel: &'a Channel,
+pub(crate) struct Want {
+    channel: Channel,
     key: PgKey,
     last: Mutex<Option<Instant>>,
 }
 
-impl<'a> Want<'a> {
-    pub(crate) fn new(channel: &'a Channel, key: PgKey) -> Self {
+impl Want {
+    pub(crate) fn new(channel: Channel, key: PgKey) -> Self {
         Want {
             channel,
             key,
@@ -161,46 +189,41 @@ fn clock_ms() -> u64 {
     EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
 }
 
-/// Parks the exclusive lock `hold` guards on `conn` for an in-process
-/// waiter instead of unlocking it — if one waits, no other locker announced
-/// it waits, and the key has not been handed over in-process for longer
-/// than [`PARK_BUDGET`]. Returns the hold back when it did not park.
-pub(crate) fn park(
-    conn: &Arc<PgConn>,
-    key: PgKey,
-    name: &LockName,
-    comment: bool,
-    hold: Hold<PgKey>,
-) -> Option<Hold<PgKey>> {
+/// Parks the exclusive lock `hold` guards for an in-process waiter instead
+/// of unlocking it — if one waits, no other locker announced it waits, and
+/// the key has not been handed over in-process for longer than
+/// [`PARK_BUDGET`]. Returns the hold back when it did not park.
+pub(crate) fn park(lock: &SessionLock, hold: PgHold) -> Option<PgHold> {
     let slot = hold.slot();
     let now = clock_ms();
-    let since = slot.parked_since_ms.load(Ordering::Relaxed);
+    let since = slot.ext.parked_since_ms.load(Ordering::Relaxed);
     let over_budget = since != 0 && now.saturating_sub(since) > PARK_BUDGET.as_millis() as u64;
     if slot.waiting.load(Ordering::SeqCst) == 0
-        || slot.wanted.load(Ordering::Relaxed)
-        || conn.is_lost()
+        || slot.ext.wanted.load(Ordering::Relaxed)
+        || lock.conn.is_lost()
         || over_budget
     {
-        slot.parked_since_ms.store(0, Ordering::Relaxed);
+        slot.ext.parked_since_ms.store(0, Ordering::Relaxed);
         return Some(hold);
     }
     if since == 0 {
-        slot.parked_since_ms.store(now, Ordering::Relaxed);
+        slot.ext.parked_since_ms.store(now, Ordering::Relaxed);
     }
-    slot.parked
+    slot.ext
+        .parked
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .push(conn.id);
+        .push(lock.conn.id);
     // The reaper's reference keeps the slot (and its parked lock) in the
     // table until it has looked, and cleans the entry up after.
     let slot_ref = hold.slot_ref();
     // Wakes the waiters; the first to take the hold takes the parked lock.
     drop(hold);
-    let (c, name) = (conn.clone(), name.clone());
-    drop(conn.runtime.spawn(async move {
+    let lock = lock.clone();
+    drop(lock.conn.runtime.clone().spawn(async move {
         tokio::time::sleep(REAP_AFTER).await;
-        if take_parked(slot_ref.slot(), c.id) {
-            let _ = unlock_on(&c, key, Mode::Exclusive, &name, comment).await;
+        if take_parked(slot_ref.slot(), lock.conn.id) {
+            let _ = lock.unlock().await;
         }
         drop(slot_ref);
     }));
@@ -208,8 +231,8 @@ pub(crate) fn park(
 }
 
 /// Takes a lock parked on session `conn_id`, if there is one.
-pub(crate) fn take_parked(slot: &Slot, conn_id: u64) -> bool {
-    let mut parked = slot.parked.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn take_parked(slot: &Slot<PgSlot>, conn_id: u64) -> bool {
+    let mut parked = slot.ext.parked.lock().unwrap_or_else(|e| e.into_inner());
     match parked.iter().position(|&id| id == conn_id) {
         Some(i) => {
             parked.swap_remove(i);

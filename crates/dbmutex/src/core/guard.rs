@@ -6,26 +6,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
+use super::loss::LossToken;
 use crate::{LockName, Mode, Result};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// What a backend holds for one acquired lock.
+/// A borrowed-lifetime boxed, sendable future (the engine's methods).
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A *grant*: one server lock (or lock file) on one session, as a backend
+/// hands it to the core, carrying the in-process hold and the lock-table
+/// ticket it was acquired with.
 ///
-/// Dropping it without [`Held::release`] must free the lock without blocking:
-/// queue or spawn the unlock, or close the connection.
-pub(crate) trait Held: Send + Sync + 'static {
+/// Dropping it without [`Grant::release`] must free the lock without
+/// blocking: an armed [`Undo`](crate::core::detach::Undo) queues the unlock
+/// or closes the session.
+pub(crate) trait Grant: Send + Sync + 'static {
     /// Releases the lock and reports whether the server confirmed it. On a
     /// failure that leaves the lock's fate unknown, the implementation closes
     /// the connection so the server frees the lock anyway.
     fn release(self: Box<Self>) -> BoxFuture<Result<()>>;
 
-    /// A receiver that turns `true` when the lock is lost; `None` when the
-    /// lock cannot be lost while the process lives (local backend).
-    fn lost_signal(&self) -> Option<watch::Receiver<bool>>;
+    /// This lock's loss token.
+    fn loss(&self) -> LossToken;
 }
 
 /// An acquired lock. Release it with [`LockGuard::release`]; dropping it also
@@ -35,14 +39,14 @@ pub(crate) trait Held: Send + Sync + 'static {
 /// moved between tasks.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
-    held: Option<Box<dyn Held>>,
+    grant: Option<Box<dyn Grant>>,
     name: LockName,
     mode: Mode,
     acquired_at: Instant,
     count: Arc<AtomicUsize>,
-    /// Set when the guard lets go of the lock, so that closing its
-    /// connection afterwards is not reported as a loss.
-    done: Arc<std::sync::atomic::AtomicBool>,
+    /// Marked released when the guard lets go of the lock, so that closing
+    /// its connection afterwards is not reported as a loss.
+    loss: LossToken,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -56,14 +60,14 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(held: Box<dyn Held>, name: LockName, mode: Mode, count: Arc<AtomicUsize>) -> Self {
+    pub(crate) fn new(grant: Box<dyn Grant>, name: LockName, mode: Mode, count: Arc<AtomicUsize>) -> Self {
         LockGuard {
-            held: Some(held),
+            loss: grant.loss(),
+            grant: Some(grant),
             name,
             mode,
             acquired_at: Instant::now(),
             count,
-            done: Arc::default(),
         }
     }
 
@@ -85,10 +89,7 @@ impl LockGuard {
     /// False once the connection that holds the lock is known to be gone
     /// (the server has then freed the lock). Never re-acquired silently.
     pub fn is_held(&self) -> bool {
-        match self.held.as_ref().and_then(|h| h.lost_signal()) {
-            Some(rx) => !*rx.borrow(),
-            None => self.held.is_some(),
-        }
+        !self.loss.is_released() && !self.loss.is_lost()
     }
 
     /// Completes when the lock is lost while this guard holds it. Never
@@ -99,18 +100,7 @@ impl LockGuard {
     ///
     /// Cancel-safe: the future only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let rx = self.held.as_ref().and_then(|h| h.lost_signal());
-        let done = self.done.clone();
-        async move {
-            if let Some(mut rx) = rx {
-                // The connection's end is this lock's loss only if the guard
-                // still held it then.
-                if rx.wait_for(|lost| *lost).await.is_ok() && !done.load(Ordering::SeqCst) {
-                    return;
-                }
-            }
-            std::future::pending::<()>().await
-        }
+        self.loss.lost()
     }
 
     /// Releases the lock now and reports the server's answer.
@@ -123,13 +113,13 @@ impl LockGuard {
     /// If the future is dropped before it completes, the release still
     /// happens in the background.
     pub async fn release(mut self) -> Result<()> {
-        let held = self.held.take().expect("guard holds until released");
-        self.done.store(true, Ordering::SeqCst);
+        let grant = self.grant.take().expect("guard holds until released");
+        self.loss.mark_released();
         self.count.fetch_sub(1, Ordering::Relaxed);
         let hold_time = self.acquired_at.elapsed();
-        // If this future is dropped mid-way, `held` is dropped with it and its
-        // Drop queues the unlock.
-        let r = held.release().await;
+        // If this future is dropped mid-way, `grant` is dropped with it and
+        // its Drop queues the unlock.
+        let r = grant.release().await;
         match &r {
             Ok(()) => {
                 tracing::debug!(name = %self.name, held_us = hold_time.as_micros() as u64, "dbmutex: released")
@@ -144,13 +134,12 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            self.done.store(true, Ordering::SeqCst);
+        if let Some(grant) = self.grant.take() {
+            self.loss.mark_released();
             self.count.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released on drop");
-            // Dropping the release future is not enough for every backend;
-            // each backend's Held::drop queues its own unlock.
-            drop(held);
+            // Each grant's Drop queues its own unlock.
+            drop(grant);
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Client-side waiting: retry with jittered, growing backoff until a deadline.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -23,11 +25,61 @@ fn jittered(base: Duration) -> Duration {
     base.mul_f64(0.5 + fastrand::f64() * 0.5)
 }
 
-/// Calls `attempt` until it yields `Some`, the deadline passes, or it fails.
-///
-/// Between attempts it sleeps with doubling, jittered backoff capped at
-/// `max_backoff`, waking early when `wake` is notified. A last attempt is
-/// made at the deadline.
+/// What is left of the wait until `deadline` (`None`: forever).
+pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+/// The pauses between the attempts of one polling wait: doubling, jittered,
+/// capped at `max`; woken early by a notification registered before the
+/// attempt (so a release between the attempt and the pause is not missed).
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+    deadline: Option<Instant>,
+    first: bool,
+}
+
+impl Backoff {
+    pub(crate) fn new(deadline: Option<Instant>, max: Duration) -> Self {
+        Backoff {
+            next: FIRST_BACKOFF.min(max),
+            max,
+            deadline,
+            first: true,
+        }
+    }
+
+    /// After a failed attempt: `false` when the deadline has passed (the
+    /// attempt just made was the last), else sleeps until the next attempt
+    /// is due (at the latest, the deadline), or until `wake` fires.
+    pub(crate) async fn pause(&mut self, wake: Option<Pin<&mut Notified<'_>>>) -> bool {
+        if self.first {
+            tracing::debug!("dbmutex: contended; waiting");
+            self.first = false;
+        }
+        let now = Instant::now();
+        let mut until = now + jittered(self.next);
+        if let Some(d) = self.deadline {
+            if now >= d {
+                return false;
+            }
+            until = until.min(d);
+        }
+        match wake {
+            Some(n) => {
+                let _ = tokio::time::timeout_at(until, n).await;
+            }
+            None => tokio::time::sleep_until(until).await,
+        }
+        self.next = (self.next * 2).min(self.max);
+        true
+    }
+}
+
+/// Calls `attempt` until it yields `Some`, the deadline passes, or it fails,
+/// pausing between attempts as [`Backoff`] does (woken early when `wake` is
+/// notified). A last attempt is made at the deadline.
 ///
 /// Cancel safety: as cancel-safe as `attempt` is; nothing else is held.
 pub(crate) async fn poll_until<T, F, Fut>(
@@ -40,36 +92,18 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
 {
-    let mut backoff = FIRST_BACKOFF.min(max_backoff);
-    let mut first = true;
+    let mut backoff = Backoff::new(deadline, max_backoff);
     loop {
-        let notified = wake.map(|w| Box::pin(w.notified()));
-        let mut notified = notified;
+        let mut notified = wake.map(|w| Box::pin(w.notified()));
         if let Some(n) = notified.as_mut() {
             n.as_mut().enable();
         }
         if let Some(v) = attempt().await? {
             return Ok(Some(v));
         }
-        if first {
-            tracing::debug!("dbmutex: contended; waiting");
-            first = false;
+        if !backoff.pause(notified.as_mut().map(|n| n.as_mut())).await {
+            return Ok(None);
         }
-        let now = Instant::now();
-        let mut until = now + jittered(backoff);
-        if let Some(d) = deadline {
-            if now >= d {
-                return Ok(None);
-            }
-            until = until.min(d);
-        }
-        match notified {
-            Some(n) => {
-                let _ = tokio::time::timeout_at(until, n).await;
-            }
-            None => tokio::time::sleep_until(until).await,
-        }
-        backoff = (backoff * 2).min(max_backoff);
     }
 }
 

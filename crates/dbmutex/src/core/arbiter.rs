@@ -14,27 +14,29 @@ use tokio::time::Instant;
 
 use crate::Mode;
 
+/// What a backend keeps per key beside the in-process hold (PostgreSQL:
+/// its hand-off state). `()` for backends that keep nothing.
+pub(crate) trait SlotExt: Default + Send + Sync + 'static {
+    /// Whether the entry may leave the table once nobody holds or waits:
+    /// false while the backend still keeps something for the key (a
+    /// PostgreSQL lock parked for the next in-process holder).
+    fn idle(&self) -> bool {
+        true
+    }
+}
+
+impl SlotExt for () {}
+
 /// The per-key state.
 #[derive(Default)]
-pub(crate) struct Slot {
+pub(crate) struct Slot<X = ()> {
     state: Mutex<State>,
     /// Woken when an in-process holder releases.
     pub(crate) local: Notify,
-    /// Woken when another process may have released (PostgreSQL `NOTIFY`).
-    pub(crate) remote: Notify,
-    /// Another process has said it waits for this key: tell it on release.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) wanted: std::sync::atomic::AtomicBool,
     /// Tasks waiting for the in-process hold now.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
-    /// Server locks a releaser left on its session for the next in-process
-    /// holder (PostgreSQL), one entry per lock: the session's id.
-    pub(crate) parked: Mutex<Vec<u64>>,
-    /// Since when (ms on the process clock, 0: not) in-process hand-offs
-    /// have kept the server lock on the session without a break.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) parked_since_ms: std::sync::atomic::AtomicU64,
+    /// The backend's own per-key state.
+    pub(crate) ext: X,
 }
 
 /// Counts a task as waiting while it lives.
@@ -78,11 +80,11 @@ impl State {
 }
 
 /// The table of keys in use.
-pub(crate) struct Arbiter<K> {
-    slots: Mutex<HashMap<K, Arc<Slot>>>,
+pub(crate) struct Arbiter<K, X = ()> {
+    slots: Mutex<HashMap<K, Arc<Slot<X>>>>,
 }
 
-impl<K: Hash + Eq + Clone> Default for Arbiter<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Default for Arbiter<K, X> {
     fn default() -> Self {
         Arbiter {
             slots: Mutex::new(HashMap::new()),
@@ -92,20 +94,19 @@ impl<K: Hash + Eq + Clone> Default for Arbiter<K> {
 
 /// A reference to a key's slot that removes the table entry, when it is the
 /// last user, on drop (also when a waiting future is cancelled).
-pub(crate) struct SlotRef<K: Hash + Eq + Clone> {
-    arbiter: Arc<Arbiter<K>>,
+pub(crate) struct SlotRef<K: Hash + Eq + Clone, X: SlotExt = ()> {
+    arbiter: Arc<Arbiter<K, X>>,
     key: K,
-    slot: Arc<Slot>,
+    slot: Arc<Slot<X>>,
 }
 
-impl<K: Hash + Eq + Clone> Drop for SlotRef<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Drop for SlotRef<K, X> {
     fn drop(&mut self) {
         let mut slots = self.arbiter.slots.lock().unwrap_or_else(|e| e.into_inner());
         // Two references: the table's and ours.
         if Arc::strong_count(&self.slot) == 2 {
             let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            let parked = self.slot.parked.lock().unwrap_or_else(|e| e.into_inner()).len();
-            if !st.exclusive && st.shared == 0 && parked == 0 {
+            if !st.exclusive && st.shared == 0 && self.slot.ext.idle() {
                 drop(st);
                 slots.remove(&self.key);
             }
@@ -113,14 +114,14 @@ impl<K: Hash + Eq + Clone> Drop for SlotRef<K> {
     }
 }
 
-impl<K: Hash + Eq + Clone> SlotRef<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> SlotRef<K, X> {
     /// The slot.
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Slot<X>> {
         &self.slot
     }
 }
 
-impl<K: Hash + Eq + Clone> Clone for SlotRef<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Clone for SlotRef<K, X> {
     fn clone(&self) -> Self {
         SlotRef {
             arbiter: self.arbiter.clone(),
@@ -131,21 +132,21 @@ impl<K: Hash + Eq + Clone> Clone for SlotRef<K> {
 }
 
 /// An in-process hold on a key; released (and waiters woken) on drop.
-pub(crate) struct Hold<K: Hash + Eq + Clone> {
-    slot: SlotRef<K>,
+pub(crate) struct Hold<K: Hash + Eq + Clone, X: SlotExt = ()> {
+    slot: SlotRef<K, X>,
     mode: Mode,
 }
 
-impl<K: Hash + Eq + Clone> Arbiter<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
     /// The slot for `key`, created on first use.
-    pub(crate) fn slot(&self, key: &K) -> Arc<Slot> {
+    pub(crate) fn slot(&self, key: &K) -> Arc<Slot<X>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.entry(key.clone()).or_default().clone()
     }
 
     /// The slot for `key` if some task uses it now.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn existing_slot(self: &Arc<Self>, key: &K) -> Option<SlotRef<K>> {
+    pub(crate) fn existing_slot(self: &Arc<Self>, key: &K) -> Option<SlotRef<K, X>> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.get(key).map(|slot| SlotRef {
             arbiter: self.clone(),
@@ -163,13 +164,13 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
         key: &K,
         mode: Mode,
         deadline: Option<Instant>,
-    ) -> Option<Hold<K>> {
+    ) -> Option<Hold<K, X>> {
         let slot = SlotRef {
             arbiter: self.clone(),
             key: key.clone(),
             slot: self.slot(key),
         };
-        let try_take = |slot: &Slot| {
+        let try_take = |slot: &Slot<X>| {
             slot.state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -212,20 +213,20 @@ impl<K: Hash + Eq + Clone> Arbiter<K> {
     }
 }
 
-impl<K: Hash + Eq + Clone> Hold<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Hold<K, X> {
     /// The key's slot (its wake-ups).
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Slot<X>> {
         &self.slot.slot
     }
 
     /// A reference to the slot that outlives the hold (and cleans up after).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn slot_ref(&self) -> SlotRef<K> {
+    pub(crate) fn slot_ref(&self) -> SlotRef<K, X> {
         self.slot.clone()
     }
 }
 
-impl<K: Hash + Eq + Clone> Drop for Hold<K> {
+impl<K: Hash + Eq + Clone, X: SlotExt> Drop for Hold<K, X> {
     fn drop(&mut self) {
         let slot = &self.slot.slot;
         slot.state

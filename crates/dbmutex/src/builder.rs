@@ -1,0 +1,212 @@
+//! The [`LockerBuilder`]: settings, and which backend a target names.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::pipeline::{Engine, Pipeline};
+use crate::key::Prefix;
+use crate::settings::Settings;
+use crate::types::BackendKind;
+use crate::{Error, Locker, Result};
+
+/// Builds a [`Locker`] with non-default settings.
+#[derive(Clone, Debug)]
+pub struct LockerBuilder {
+    target: Target,
+    settings: Settings,
+}
+
+#[derive(Clone)]
+pub(crate) enum Target {
+    Url(String),
+    Local(Option<PathBuf>),
+    #[cfg(feature = "postgres")]
+    PgConfig(Box<tokio_postgres::Config>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // Described from parsed fields: never the string itself.
+            Target::Url(u) => write!(f, "Url({})", crate::redact::redact_url(u)),
+            Target::Local(p) => write!(f, "Local({p:?})"),
+            #[cfg(feature = "postgres")]
+            Target::PgConfig(c) => write!(f, "PgConfig({})", crate::redact::describe_pg_config(c)),
+        }
+    }
+}
+
+/// The default cap on locks one locker holds at once (see
+/// [`LockerBuilder::max_locks`]): well below PostgreSQL's default lock table
+/// (about 12,800 advisory locks for the whole server), which, once full,
+/// makes every session's queries fail.
+pub const DEFAULT_MAX_LOCKS: usize = 4096;
+
+impl LockerBuilder {
+    pub(crate) fn new(target: Target) -> Self {
+        LockerBuilder {
+            target,
+            settings: Settings {
+                prefix: Prefix::from_env(),
+                max_locks: DEFAULT_MAX_LOCKS,
+                keepalive: Duration::from_secs(1),
+                connect_timeout: Duration::from_secs(5),
+                application_name: "dbmutex".into(),
+                name_comments: true,
+                skip_pooler_check: false,
+            },
+        }
+    }
+
+    /// The key prefix (default: env `WITH_ADVISORY_LOCK_PREFIX`, else none).
+    pub fn prefix(mut self, prefix: impl Into<Prefix>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// The most locks this locker holds at once (default
+    /// [`DEFAULT_MAX_LOCKS`]); past it, acquisitions fail with
+    /// [`Error::TooManyLocks`].
+    pub fn max_locks(mut self, n: usize) -> Self {
+        self.settings.max_locks = n;
+        self
+    }
+
+    /// How soon a silently dead connection is noticed (default 1 s). A
+    /// connection the server or the kernel closes (server restart,
+    /// `pg_terminate_backend`, `KILL`, killed process) is reported lost at
+    /// once on PostgreSQL. On MySQL/MariaDB the client only learns of it
+    /// from the server: every 50 ms (or every `keepalive`, if shorter) one
+    /// statement checks that the server still shows every held lock on its
+    /// session — a `KILL` of the holder measured `lost()` p50 ≈ 32 ms, p99
+    /// 49–114 ms; when that statement cannot reach the server (restart,
+    /// crash), every lock session pings at once (restart measured p50
+    /// 25–51 ms, max 210 ms) — and a ping every `keepalive` catches the rest.
+    /// A silent failure (partition, hung server) is noticed on PostgreSQL by
+    /// a probe that every connection holding a lock sends `keepalive` after
+    /// the server last answered and that must be answered within
+    /// `max(keepalive, 500 ms)`: within `keepalive + max(keepalive, 500 ms)`
+    /// of the failure (2 s at the default; 1.80–1.99 s measured, see
+    /// RELIABILITY.md); a waiting connection relies on TCP keepalive
+    /// (`max(keepalive, 1 s)` idle and interval); on MySQL by a ping every
+    /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`; measured
+    /// 2.0–2.9 s at the default 1 s).
+    pub fn keepalive(mut self, d: Duration) -> Self {
+        self.settings.keepalive = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long connecting may take before failing (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.settings.connect_timeout = d;
+        self
+    }
+
+    /// The `application_name` the server shows for lock connections
+    /// (default `dbmutex`; a URL's own `application_name` wins).
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.settings.application_name = name.into();
+        self
+    }
+
+    /// Whether PostgreSQL lock statements carry the lock name in an SQL
+    /// comment (default `true`, as the gem does): `pg_stat_activity` and
+    /// `dbmutex list` then show which name a session locked last. The
+    /// comment makes each statement's text unique, so it runs unprepared
+    /// (one round trip, parsed each time); with `false`, lock statements are
+    /// prepared once per connection, which is cheaper for the server. See
+    /// BENCHMARKS.md for what the comment costs.
+    pub fn name_comments(mut self, on: bool) -> Self {
+        self.settings.name_comments = on;
+        self
+    }
+
+    /// For dbmutex's own tests: skips the connect-time pooler check
+    /// (PostgreSQL), as if a pooler had slipped past it, so that the checks
+    /// every lock statement carries are tested alone. Never useful otherwise.
+    #[doc(hidden)]
+    pub fn skip_pooler_check_for_tests(mut self) -> Self {
+        self.settings.skip_pooler_check = true;
+        self
+    }
+
+    /// Creates the locker. Database backends connect now, so a wrong URL,
+    /// an unreachable server or bad credentials fail here.
+    pub async fn connect(self) -> Result<Locker> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        // The target as `Target`'s Debug describes it: never the string itself.
+        let target = tracing::enabled!(tracing::Level::DEBUG).then(|| format!("{:?}", self.target));
+        if let Some(t) = &target {
+            tracing::debug!(target_db = %t, "dbmutex: connecting");
+        }
+        let r = self.connect_inner(id).await;
+        if let (Some(t), Err(e)) = (&target, &r) {
+            tracing::debug!(target_db = %t, error = %e, "dbmutex: connect failed");
+        }
+        r
+    }
+
+    async fn connect_inner(self, id: u64) -> Result<Locker> {
+        let settings = self.settings;
+        let engine: Arc<dyn Engine> = match &self.target {
+            Target::Local(dir) => local(dir.clone(), settings, id)?,
+            #[cfg(feature = "postgres")]
+            Target::PgConfig(config) => {
+                let b = crate::postgres::PgBackend::from_config((**config).clone(), &settings).await?;
+                Arc::new(Pipeline::new(b, settings, id))
+            }
+            Target::Url(url) => {
+                // A URL the driver would misread is refused before anything
+                // connects: its password would reach the server as a host or
+                // database name (and come back in the server's error).
+                crate::redact::check(url)?;
+                match BackendKind::from_url(url) {
+                    #[cfg(feature = "postgres")]
+                    Some(BackendKind::Postgres) => {
+                        let b = crate::postgres::PgBackend::connect(url, &settings).await?;
+                        Arc::new(Pipeline::new(b, settings, id))
+                    }
+                    #[cfg(feature = "mysql")]
+                    Some(BackendKind::Mysql) => {
+                        let b = crate::mysql::MyBackend::connect(url, &settings).await?;
+                        Arc::new(Pipeline::new(b, settings, id))
+                    }
+                    Some(BackendKind::Local) => local(
+                        Some(PathBuf::from(crate::redact::file_url_path(url)?)),
+                        settings,
+                        id,
+                    )?,
+                    #[allow(unreachable_patterns)]
+                    Some(kind) => {
+                        return Err(Error::Config(format!(
+                            "the {} backend is not built in (cargo feature `{}`)",
+                            kind.as_str(),
+                            kind.as_str()
+                        )))
+                    }
+                    None => {
+                        return Err(Error::Config(match crate::redact::split_scheme(url) {
+                            Some((s, _)) => format!(
+                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                        ),
+                            None => format!(
+                                "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
+                                crate::redact::redact_url(url)
+                            ),
+                        }))
+                    }
+                }
+            }
+        };
+        Ok(Locker::from_engine(engine))
+    }
+}
+
+/// The local backend in its pipeline.
+fn local(dir: Option<PathBuf>, settings: Settings, id: u64) -> Result<Arc<dyn Engine>> {
+    let b = crate::local::LocalBackend::new(dir)?;
+    Ok(Arc::new(Pipeline::new(b, settings, id)))
+}

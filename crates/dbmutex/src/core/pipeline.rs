@@ -1,0 +1,222 @@
+//! The acquisition pipeline, read top to bottom:
+//! validate → cap → capability check → key → deadline → in-process hold →
+//! admit → try/poll or server wait → guard.
+//!
+//! [`Pipeline`] runs it over any [`Backend`]; [`Engine`] is its object-safe
+//! face, which the [`Locker`](crate::Locker) holds.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::backend::{Attempt, Backend, Missing, WaitIn};
+use super::guard::{BoxFut, Grant, LockGuard};
+use super::wait::{self, Backoff};
+use crate::settings::Settings;
+use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
+use crate::{Error, LockName, LockOptions, Mode, Result};
+
+/// A backend behind the core, as the [`Locker`](crate::Locker) sees it.
+pub(crate) trait Engine: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    fn capabilities(&self) -> Capabilities;
+    /// The id of the locker (shared by its clones).
+    fn id(&self) -> u64;
+    fn held_count(&self) -> usize;
+    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> BoxFut<'a, Result<Option<LockGuard>>>;
+    fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>>;
+    fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
+    fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
+    fn key_of(&self, name: &LockName) -> Result<String>;
+}
+
+/// The pipeline over one backend.
+pub(crate) struct Pipeline<B: Backend> {
+    backend: B,
+    settings: Settings,
+    id: u64,
+    /// Locks held through this locker now (the cap).
+    count: Arc<AtomicUsize>,
+}
+
+impl<B: Backend> Pipeline<B> {
+    pub(crate) fn new(backend: B, settings: Settings, id: u64) -> Self {
+        Pipeline {
+            backend,
+            settings,
+            id,
+            count: Arc::default(),
+        }
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the hold, the ticket and any grant are owned by this
+    /// future (or by a backend task that undoes what nobody takes over), so
+    /// dropping it at any await point leaves nothing held.
+    async fn acquire(&self, name: LockName, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        name.validate()?;
+        // The cap, reserved before the first await and atomically, so
+        // concurrent acquirers never pass it together.
+        let limit = self.settings.max_locks;
+        if self
+            .count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(Error::TooManyLocks { limit });
+        }
+        let reservation = Reservation(&self.count);
+        self.refuse(opts)?;
+        let key = self.backend.key(&name, &self.settings)?;
+        let start = tokio::time::Instant::now();
+        let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
+        let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts), span).await?;
+        let waited_us = start.elapsed().as_micros() as u64;
+        match grant {
+            Some(g) => {
+                std::mem::forget(reservation);
+                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, "dbmutex: acquired");
+                Ok(Some(LockGuard::new(g, name, opts.mode, self.count.clone())))
+            }
+            None if opts.is_try_once() => {
+                tracing::debug!(name = %name, "dbmutex: busy (tried once)");
+                Ok(None)
+            }
+            None => {
+                tracing::debug!(name = %name, waited_us, "dbmutex: timed out");
+                Ok(None)
+            }
+        }
+    }
+
+    /// An option the backend cannot honour, refused in its own words.
+    fn refuse(&self, opts: &LockOptions) -> Result<()> {
+        let can = self.backend.capabilities();
+        let missing = if opts.mode == Mode::Shared && !can.shared {
+            Some(Missing::Shared)
+        } else if opts.transaction && !can.transaction {
+            Some(Missing::Transaction)
+        } else if !opts.transaction && !can.session_locks {
+            Some(Missing::SessionLocks)
+        } else {
+            None
+        };
+        match missing {
+            Some(m) => Err(Error::Unsupported(self.backend.explain(m))),
+            None => Ok(()),
+        }
+    }
+
+    /// Deadline → hold → admit → wait.
+    async fn grant(
+        &self,
+        name: &LockName,
+        key: &B::Key,
+        opts: &LockOptions,
+    ) -> Result<Option<Box<dyn Grant>>> {
+        let deadline = wait::deadline(opts.timeout);
+        let plan = self.backend.plan(opts);
+        // In-process first: costs the server nothing, and the server could
+        // not tell the tasks on one session apart anyway.
+        let hold = if plan.hold {
+            match self.backend.arbiter().hold(key, opts.mode, deadline).await {
+                Some(h) => Some(h),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        let ticket = self.backend.admit(&self.settings).await?;
+        let mut at = Attempt {
+            name,
+            key,
+            opts,
+            settings: &self.settings,
+            deadline,
+            hold,
+            ticket: Some(ticket),
+            enclosing: super::scope::enclosing(self.id),
+        };
+        match plan.wait {
+            WaitIn::Server => self.backend.wait_in_server(&mut at).await,
+            WaitIn::Poll { max_backoff } => {
+                let tries = self.backend.prepare(&at).await?;
+                let slot = at.hold.as_ref().map(|h| h.slot().clone());
+                let wake = slot.as_deref().and_then(B::wake);
+                let mut backoff = Backoff::new(deadline, max_backoff);
+                loop {
+                    // Registered before the try, so a release between the
+                    // try and the pause is not missed.
+                    let mut notified = wake.map(|w| Box::pin(w.notified()));
+                    if let Some(n) = notified.as_mut() {
+                        n.as_mut().enable();
+                    }
+                    if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
+                        return Ok(Some(g));
+                    }
+                    if !backoff.pause(notified.as_mut().map(|n| n.as_mut())).await {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<B: Backend> Engine for Pipeline<B> {
+    fn kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn held_count(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> BoxFut<'a, Result<Option<LockGuard>>> {
+        Box::pin(Pipeline::acquire(self, name, opts))
+    }
+
+    fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>> {
+        Box::pin(async move {
+            name.validate()?;
+            let key = self.backend.key(&name, &self.settings)?;
+            self.backend.holders(&name, &key, &self.settings).await
+        })
+    }
+
+    fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>> {
+        Box::pin(async move {
+            name.validate()?;
+            let key = self.backend.key(&name, &self.settings)?;
+            self.backend.is_locked(&name, &key, &self.settings).await
+        })
+    }
+
+    fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>> {
+        Box::pin(self.backend.list(&self.settings))
+    }
+
+    fn key_of(&self, name: &LockName) -> Result<String> {
+        name.validate()?;
+        Ok(self.backend.key_text(&self.backend.key(name, &self.settings)?))
+    }
+}
+
+/// Undoes a cap reservation unless forgotten.
+struct Reservation<'a>(&'a AtomicUsize);
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

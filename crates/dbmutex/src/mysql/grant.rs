@@ -1,0 +1,190 @@
+//! One user lock held on a [`LockConn`], and its release.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use tokio::sync::watch;
+
+use super::errors::db_err;
+use super::get_lock::{answer_bound, NESTED_CHUNK};
+use super::lock_conn::{ping_timeout, LockConn};
+use super::registry::Shared;
+use crate::core::arbiter::Hold;
+use crate::core::detach::Undo;
+use crate::core::guard::{BoxFuture, Grant};
+use crate::core::loss::LossToken;
+use crate::{Error, LockName, Result};
+
+/// `RELEASE_LOCK` for the session's last lock, then `RELEASE_ALL_LOCKS` as
+/// proof that the session now holds nothing (MariaDB and MySQL evaluate
+/// select items left to right): only then may the connection be reused.
+const RELEASE_LAST_SQL: &str = "SELECT RELEASE_LOCK(?), RELEASE_ALL_LOCKS()";
+/// `RELEASE_LOCK` while the session keeps other locks.
+const RELEASE_ONE_SQL: &str = "SELECT RELEASE_LOCK(?), NULL";
+
+/// One lock held on a [`LockConn`].
+pub(super) struct MyGrant {
+    /// Dropped armed, the release runs in the background.
+    release: Undo<Release>,
+    lost: watch::Receiver<bool>,
+}
+
+/// Everything the release needs, moved into the task that performs it.
+struct Release {
+    shared: Arc<Shared>,
+    lc: Arc<LockConn>,
+    lock: String,
+    name: LockName,
+    /// The in-process hold; given back only after the server released, so
+    /// the next task of this process finds the server lock free.
+    hold: Option<Hold<String>>,
+}
+
+impl MyGrant {
+    /// A lock `GET_LOCK` just took on `lc`, registered for nested calls.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        lc: Arc<LockConn>,
+        lock: String,
+        name: LockName,
+        hold: Option<Hold<String>>,
+    ) -> Self {
+        shared.remember(&lock, &lc, &name);
+        MyGrant {
+            lost: lc.lost.subscribe(),
+            release: Undo::with(
+                Release {
+                    shared,
+                    lc,
+                    lock,
+                    name,
+                    hold,
+                },
+                // Spawned on the runtime the lock was taken on, so no
+                // runtime is needed here. If that runtime is gone, the task
+                // (and with it the connection) is dropped: the socket closes
+                // and the server frees the lock.
+                |release| {
+                    let runtime = release.shared.runtime.clone();
+                    drop(runtime.spawn(async move {
+                        if let Err(e) = release.run().await {
+                            tracing::debug!(error = %e, "dbmutex: MySQL unlock on drop failed");
+                        }
+                    }));
+                },
+            ),
+        }
+    }
+}
+
+impl Grant for MyGrant {
+    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+        let release = self.release.take().expect("held until released");
+        // Spawned: the release completes even if the caller stops waiting.
+        let task = release.shared.runtime.clone().spawn(release.run());
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+        })
+    }
+
+    fn loss(&self) -> LossToken {
+        LossToken::of(self.lost.clone())
+    }
+}
+
+impl Release {
+    async fn run(self) -> Result<()> {
+        self.shared.forget(&self.lock, &self.lc);
+        let r = self.unlock().await;
+        drop(self.hold);
+        r
+    }
+
+    async fn unlock(&self) -> Result<()> {
+        let lc = &self.lc;
+        let lost = || Error::LockLost {
+            name: self.name.to_string(),
+        };
+        // Waits for a ping or nested acquisition in progress: a command cut
+        // off midway would leave the connection's protocol state unknown.
+        // Bounded: a nested wait gives the session back after each chunk,
+        // and an abandoned one after its cleanup; longer means the session
+        // is stuck, and it is ended.
+        let keepalive = self.shared.connector.keepalive();
+        let busy_bound = answer_bound(NESTED_CHUNK, keepalive)
+            .saturating_mul(2)
+            .saturating_add(self.shared.connector.kill_bound())
+            .saturating_add(answer_bound(Duration::ZERO, keepalive));
+        let Ok(mut slot) = tokio::time::timeout(busy_bound, lc.conn.lock()).await else {
+            lc.lost.send_replace(true);
+            lc.stop.notify_one();
+            self.shared.spawn_kill(lc.id);
+            return Err(Error::Database(
+                format!(
+                    "the connection holding {:?} stayed busy for {busy_bound:?}; it was killed, which frees its locks",
+                    self.name
+                )
+                .into(),
+            ));
+        };
+        let Some(conn) = slot.as_mut() else {
+            return Err(lost());
+        };
+        let last = lc.held.load(Ordering::Acquire) == 1;
+        let sql = if last { RELEASE_LAST_SQL } else { RELEASE_ONE_SQL };
+        let timeout = ping_timeout(Duration::ZERO);
+        let answer = tokio::time::timeout(
+            timeout,
+            conn.exec_first::<(Option<i64>, Option<i64>), _, _>(sql, (self.lock.as_str(),)),
+        )
+        .await;
+        // Every way out but a confirmed release ends the session: then the
+        // server frees whatever it held, and its other guards learn it.
+        let end_session = |slot: &mut Option<Conn>| {
+            drop(slot.take());
+            lc.lost.send_replace(true);
+            lc.stop.notify_one();
+        };
+        match answer {
+            Ok(Ok(Some((Some(1), rest)))) => {
+                lc.held.fetch_sub(1, Ordering::AcqRel);
+                if last {
+                    lc.stop.notify_one();
+                    let conn = slot.take().expect("checked above");
+                    if rest == Some(0) {
+                        self.shared.connector.checkin(conn);
+                    } else {
+                        tracing::warn!(lock = %self.lock, others = ?rest, "dbmutex: a MySQL lock session held other locks; closed");
+                    }
+                }
+                Ok(())
+            }
+            Ok(Ok(_)) => {
+                // 0: another session holds it; NULL: nobody does. Either way
+                // it was not ours any more.
+                end_session(&mut slot);
+                Err(lost())
+            }
+            Ok(Err(e)) => {
+                let server = matches!(e, mysql_async::Error::Server(_));
+                end_session(&mut slot);
+                Err(if server { db_err(e, &self.name) } else { lost() })
+            }
+            Err(_) => {
+                end_session(&mut slot);
+                drop(slot);
+                // In the background: the release must not wait on a server
+                // that did not answer.
+                self.shared.spawn_kill(lc.id);
+                Err(Error::Database(
+                    format!("RELEASE_LOCK got no answer within {timeout:?}; the connection was closed")
+                        .into(),
+                ))
+            }
+        }
+    }
+}

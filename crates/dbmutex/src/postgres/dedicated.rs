@@ -1,0 +1,302 @@
+//! Server-side waits: a lock on a connection of its own (a
+//! [`WaitStrategy::Server`](crate::WaitStrategy::Server) wait, or a
+//! transaction lock), which may block in the server without stalling the
+//! shared lock session; and the idle connections kept for the next one.
+
+use std::sync::{Arc, Mutex};
+
+use tokio_postgres::types::Type;
+
+use super::budget;
+use super::conn::{Connector, PgConn};
+use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
+use super::pooler;
+use super::session_lock::SessionLock;
+use super::sql::{self, Call};
+use super::xact::wait_xact_dedicated;
+use crate::core::backend::{Attempt, Backend};
+use crate::core::detach::Undo;
+use crate::core::guard::{BoxFuture, Grant};
+use crate::core::loss::LossToken;
+use crate::core::wait;
+use crate::key::PgKey;
+use crate::settings::Settings;
+use crate::{Error, LockName, LockOptions, Mode, Result};
+
+/// How many idle dedicated connections a locker keeps.
+const MAX_SPARES: usize = 4;
+
+/// Idle dedicated connections that hold nothing, kept for the next
+/// server-side wait.
+#[derive(Clone, Default)]
+pub(crate) struct Spares(Arc<Mutex<Vec<Arc<PgConn>>>>);
+
+impl Spares {
+    /// Keeps `conn` for reuse if it is alive and there is room; else closes it.
+    fn put(&self, conn: Arc<PgConn>) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !conn.is_lost() && s.len() < MAX_SPARES {
+            s.push(conn);
+        } else {
+            conn.close();
+        }
+    }
+
+    /// A live idle connection, if there is one.
+    fn get(&self) -> Option<Arc<PgConn>> {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        std::iter::from_fn(|| s.pop()).find(|c| !c.is_lost())
+    }
+
+    /// Waits for `name` on a connection of its own: an idle one, else a new
+    /// one (also when the idle one turns out dead: once, within what is
+    /// left of the caller's bound). `ticket` is the room in the lock table
+    /// admitted for it.
+    pub(crate) async fn acquire<B: Backend<Key = PgKey>>(
+        &self,
+        connector: &Connector,
+        at: &Attempt<'_, B>,
+        ticket: budget::Slot,
+    ) -> Result<Option<Box<dyn Grant>>> {
+        let (settings, name, key, deadline) = (at.settings, at.name, *at.key, at.deadline);
+        // The bound is what is left of the acquisition's deadline.
+        let opts = &at.opts.clone().timeout_opt(wait::remaining(deadline));
+        let (conn, got) = match self.get() {
+            Some(c) => match wait_dedicated(&c, name, key, opts).await {
+                // A spare may have died unnoticed while idle.
+                Err(Error::Connect(_)) => {
+                    c.close();
+                    let opts = opts.clone().timeout_opt(wait::remaining(deadline));
+                    let c = connector.connect(settings, None, false).await?;
+                    let got = wait_dedicated(&c, name, key, &opts).await;
+                    (c, got)
+                }
+                got => (c, got),
+            },
+            None => {
+                let c = connector.connect(settings, None, false).await?;
+                let got = wait_dedicated(&c, name, key, opts).await;
+                (c, got)
+            }
+        };
+        match got {
+            Ok(true) => Ok(Some(Box::new(DedicatedGrant::new(
+                SessionLock {
+                    conn,
+                    key,
+                    mode: opts.mode,
+                    name: name.clone(),
+                    comment: true,
+                },
+                opts.transaction,
+                settings,
+                self.clone(),
+                ticket.granted(),
+            )))),
+            Ok(false) if !opts.transaction => {
+                // A refused try or a timed-out wait leaves the session clean
+                // (the timeout's implicit transaction has ended).
+                self.put(conn);
+                Ok(None)
+            }
+            Ok(false) => {
+                conn.close();
+                Ok(None)
+            }
+            Err(e) => {
+                conn.close();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The wait on a dedicated connection, cancel-safe: if the future is dropped
+/// while a statement may still run, the statement is cancelled and the
+/// session closed.
+async fn wait_dedicated(conn: &Arc<PgConn>, name: &LockName, key: PgKey, opts: &LockOptions) -> Result<bool> {
+    let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
+    let got = if opts.transaction {
+        wait_xact_dedicated(conn, name, key, opts).await
+    } else {
+        wait_session_dedicated(conn, name, key, opts).await
+    };
+    abandon.disarm();
+    got
+}
+
+/// A session lock on a dedicated connection, waiting in the server.
+async fn wait_session_dedicated(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+) -> Result<bool> {
+    conn.claim().await?;
+    if !conn.is_claimed() {
+        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+    }
+    if opts.is_try_once() {
+        let (sql, params) = sql::bound(Call::Try, false, opts.mode, &key, name, conn.owner());
+        let rows = conn
+            .client
+            .query_typed(&sql, &params.as_typed())
+            .await
+            .map_err(|e| db_err(e, name))?;
+        if rows.is_empty() {
+            conn.moved();
+            return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+        }
+        return first_bool(&rows);
+    }
+    let lock = sql::inline(Call::Wait, false, opts.mode, &key, name, conn.owner());
+    // A multi-statement simple query runs as one implicit transaction, so
+    // the transaction-local settings end with it: one round trip, and the
+    // session's own settings are never touched. Both are set even for an
+    // unbounded wait: a role's or database's default lock_timeout or
+    // statement_timeout must not cut short the wait the caller chose.
+    let batch = format!(
+        "SELECT set_config('lock_timeout', '{}ms', true), set_config('statement_timeout', '0', true); {lock}",
+        sql::wait_ms(opts.timeout)
+    );
+    match conn.client.simple_query(&batch).await {
+        // One row from the settings, one from the lock.
+        Ok(msgs) if row_count(&msgs) == 2 => Ok(true),
+        Ok(_) => {
+            conn.moved();
+            Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+        }
+        // The server may grant the lock just as the timeout fires, and a
+        // session lock outlives the aborted statement: ask whether we hold
+        // it (then it is ours, a little late), so a spare never keeps one.
+        Err(e) if is_lock_timeout(&e) => {
+            match holds(conn, &key, opts.mode).await.map_err(|e| db_err(e, name))? {
+                Some(held) => Ok(held),
+                None => {
+                    conn.moved();
+                    Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+                }
+            }
+        }
+        Err(e) => Err(db_err(e, name)),
+    }
+}
+
+/// Whether this connection's own server session holds `key` in `mode`;
+/// `None` when the question ran on another server session (see
+/// `PgConn::claim`).
+async fn holds(
+    conn: &PgConn,
+    key: &PgKey,
+    mode: Mode,
+) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let lock_mode = if mode == Mode::Shared {
+        "ShareLock"
+    } else {
+        "ExclusiveLock"
+    };
+    let owner = conn.owner();
+    let rows = conn
+        .client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4) \
+             WHERE current_setting('dbmutex.owner', true) = $5",
+            &[
+                (&classid, Type::OID),
+                (&objid, Type::OID),
+                (&objsubid, Type::INT2),
+                (&lock_mode, Type::TEXT),
+                (&owner, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(rows.first().map(|r| r.get::<_, bool>(0)))
+}
+
+/// A lock on a connection of its own (server-side wait or transaction lock).
+pub(crate) struct DedicatedGrant {
+    /// Dropped armed, the connection closes: that frees its locks and ends
+    /// its transaction, with no round trip and no runtime needed.
+    held: Undo<Dedicated>,
+    lost: tokio::sync::watch::Receiver<bool>,
+}
+
+struct Dedicated {
+    lock: SessionLock,
+    /// Checks the connection while the lock is held; stopped before the
+    /// connection can serve another (blocking) wait.
+    heartbeat: tokio::task::AbortHandle,
+    xact: bool,
+    spares: Spares,
+    /// Room in the server's lock table, given back once the server lock is.
+    budget: budget::Slot,
+}
+
+impl DedicatedGrant {
+    fn new(lock: SessionLock, xact: bool, settings: &Settings, spares: Spares, budget: budget::Slot) -> Self {
+        DedicatedGrant {
+            lost: lock.conn.lost_signal(),
+            held: Undo::with(
+                Dedicated {
+                    heartbeat: lock.conn.start_heartbeat(settings.keepalive, xact),
+                    lock,
+                    xact,
+                    spares,
+                    budget,
+                },
+                |d| {
+                    d.heartbeat.abort();
+                    d.lock.conn.close();
+                },
+            ),
+        }
+    }
+}
+
+impl Grant for DedicatedGrant {
+    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+        let d = self.held.take().expect("held until released");
+        // Before the unlock: no keepalive probe may follow it, since the
+        // connection may next serve a wait that blocks.
+        d.heartbeat.abort();
+        let runtime = d.lock.conn.runtime.clone();
+        let task = runtime.spawn(async move {
+            let Dedicated {
+                lock,
+                xact,
+                spares,
+                budget,
+                ..
+            } = d;
+            let _budget = budget;
+            let r = if xact {
+                match lock.conn.client.batch_execute("COMMIT").await {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(Error::LockLost {
+                        name: lock.name.to_string(),
+                    }),
+                }
+            } else {
+                lock.unlock().await
+            };
+            // Confirmed released: the session holds nothing and can serve
+            // the next wait. On any doubt it is closed instead.
+            if r.is_ok() {
+                spares.put(lock.conn);
+            } else {
+                lock.conn.close();
+            }
+            r
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+        })
+    }
+
+    fn loss(&self) -> LossToken {
+        LossToken::of(self.lost.clone())
+    }
+}

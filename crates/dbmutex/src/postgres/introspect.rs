@@ -1,0 +1,128 @@
+//! Who holds what: the server's `pg_locks`, joined with
+//! `pg_stat_activity`, read on the locker's second connection.
+
+use tokio_postgres::types::Type;
+
+use super::conn::PgConn;
+use super::errors::db_err;
+use crate::key::{pg_key, PgKey, Prefix};
+use crate::types::{Holder, ListedLock};
+use crate::{LockName, Mode, Result};
+
+/// The holders of `key` (the key of `name`).
+pub(crate) async fn holders(
+    conn: &PgConn,
+    name: &LockName,
+    key: &PgKey,
+    prefix: &Prefix,
+) -> Result<Vec<Holder>> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let sql = format!("{LOCKS_QUERY} AND l.classid = $1 AND l.objid = $2 AND l.objsubid = $3 ORDER BY l.pid");
+    let rows = conn
+        .client
+        .query_typed(
+            &sql,
+            &[
+                (&classid, Type::OID),
+                (&objid, Type::OID),
+                (&objsubid, Type::INT2),
+            ],
+        )
+        .await
+        .map_err(|e| db_err(e, name))?;
+    Ok(rows.iter().map(|r| listed(r, prefix).holder).collect())
+}
+
+/// Every advisory lock of this database.
+pub(crate) async fn list(conn: &PgConn, prefix: &Prefix) -> Result<Vec<ListedLock>> {
+    let rows = conn
+        .client
+        .query_typed(&format!("{LOCKS_QUERY} ORDER BY l.pid, l.classid, l.objid"), &[])
+        .await
+        .map_err(|e| db_err(e, &LockName::Str("(list)".into())))?;
+    Ok(rows.iter().map(|r| listed(r, prefix)).collect())
+}
+
+/// Granted advisory locks of the current database, with what
+/// `pg_stat_activity` tells of their holders (the server hides the query
+/// text of other roles' sessions unless the role may see it).
+const LOCKS_QUERY: &str = "SELECT l.classid, l.objid, l.objsubid, l.mode, l.pid, \
+     a.application_name, a.usename::text, \
+     CASE WHEN a.client_addr IS NULL THEN 'local' ELSE host(a.client_addr) || ':' || a.client_port END, \
+     coalesce(a.xact_start, a.backend_start)::text, a.query \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
+    let classid: u32 = r.get(0);
+    let objid: u32 = r.get(1);
+    let objsubid: i16 = r.get(2);
+    let mode: &str = r.get(3);
+    let key = if objsubid == 2 {
+        PgKey::Pair(classid as i32, objid as i32)
+    } else {
+        PgKey::Big(((u64::from(classid) << 32) | u64::from(objid)) as i64)
+    };
+    let query: Option<String> = r.get(9);
+    ListedLock {
+        name: query.as_deref().and_then(|q| name_from_comments(q, &key, prefix)),
+        key: key.to_string(),
+        holder: Holder {
+            pid: i64::from(r.get::<_, i32>(4)),
+            mode: if mode == "ShareLock" {
+                Mode::Shared
+            } else {
+                Mode::Exclusive
+            },
+            application: r.get(5),
+            user: r.get(6),
+            client: r.get(7),
+            since: r.get(8),
+        },
+    }
+}
+
+/// The lock name in a statement's `/* name */` comment, if it hashes to `key`
+/// (the statement may be about another lock of the same session).
+fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> Option<String> {
+    let mut rest = query;
+    while let Some(start) = rest.find("/* ") {
+        let after = &rest[start + 3..];
+        let end = after.find(" */")?;
+        let candidate = &after[..end];
+        let as_name = LockName::Str(candidate.to_owned());
+        if !candidate.is_empty() && pg_key(&as_name, prefix) == *key {
+            return Some(candidate.to_owned());
+        }
+        if let Ok(n) = candidate.parse::<i64>() {
+            if pg_key(&LockName::Int(n), prefix) == *key {
+                return Some(candidate.to_owned());
+            }
+        }
+        rest = &after[end + 3..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_comments() {
+        let p = Prefix::none();
+        let k = pg_key(&"job".into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT pg_try_advisory_lock($1, $2) /* job */", &k, &p).as_deref(),
+            Some("job")
+        );
+        assert_eq!(name_from_comments("SELECT 1 /* other */", &k, &p), None);
+        let k7 = pg_key(&7i64.into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT x /* a */ /* 7 */", &k7, &p).as_deref(),
+            Some("7")
+        );
+        assert_eq!(name_from_comments("/* unterminated", &k, &p), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! The locker's two long-lived connections — the lock session and the
+//! second one (pooler check, introspection, hand-off messages) — made on
+//! first use and replaced when lost.
+
+use std::sync::{Arc, Mutex};
+
+use super::conn::{Connector, NotifyHandler, PgConn};
+use super::{handoff, pooler};
+use crate::settings::Settings;
+use crate::{Error, Result};
+
+/// Makes `conn` the lock session: it listens on the hand-off channel (never
+/// through a detected pooler: the caller checks first), prepares its
+/// statements when they carry no name, and probes a quiet spell (it runs
+/// only statements that answer at once, so a probe is never mistaken for a
+/// wait).
+pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
+    if listen {
+        conn.client
+            .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+    }
+    if !settings.name_comments {
+        conn.warm_statements()
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+    }
+    drop(conn.start_heartbeat(settings.keepalive, false));
+    Ok(())
+}
+
+/// A connection made on first use and replaced when lost.
+#[derive(Default)]
+pub(crate) struct LazyConn {
+    conn: Mutex<Option<Arc<PgConn>>>,
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl LazyConn {
+    /// The live connection, connecting a new one if there is none. With
+    /// `listen`, the new connection listens on the hand-off channel.
+    pub(crate) async fn get(
+        &self,
+        connector: &Connector,
+        settings: &Settings,
+        listen: Option<&NotifyHandler>,
+    ) -> Result<Arc<PgConn>> {
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let _gate = self.gate.lock().await;
+        if let Some(c) = self.live() {
+            return Ok(c);
+        }
+        let conn = connector.connect(settings, listen.cloned(), true).await?;
+        if listen.is_some() {
+            if !conn.is_claimed() {
+                return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+            }
+            prepare_session(&conn, settings, true).await?;
+        }
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Adopts `conn` if it is alive.
+    pub(crate) fn set(&self, conn: Arc<PgConn>) {
+        if !conn.is_lost() {
+            *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
+        }
+    }
+
+    pub(crate) fn live(&self) -> Option<Arc<PgConn>> {
+        let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        c.as_ref().filter(|c| !c.is_lost()).cloned()
+    }
+}

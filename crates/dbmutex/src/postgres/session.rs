@@ -1,0 +1,122 @@
+//! A session lock held on the shared lock session, and its release (with
+//! the in-process and cross-process hand-offs of [`super::handoff`]).
+
+use std::future::Future;
+
+use tokio::sync::watch;
+
+use super::budget;
+use super::handoff::{self, Channel, PgHold};
+use super::session_lock::SessionLock;
+use crate::core::detach::Undo;
+use crate::core::guard::{BoxFuture, Grant};
+use crate::core::loss::LossToken;
+use crate::{Mode, Result};
+
+/// A session lock held on the shared lock session.
+pub(crate) struct SessionGrant {
+    /// Dropped armed, the unlock runs in the background.
+    release: Undo<Release>,
+    lost: watch::Receiver<bool>,
+}
+
+/// What the release needs.
+struct Release {
+    lock: SessionLock,
+    /// Where hand-off notifications go out.
+    channel: Channel,
+    /// Given back once the unlock is on the wire.
+    hold: Option<PgHold>,
+    /// Room in the server's lock table, given back once the server lock is.
+    budget: Option<budget::Slot>,
+}
+
+impl SessionGrant {
+    pub(crate) fn new(
+        lock: SessionLock,
+        channel: Channel,
+        hold: Option<PgHold>,
+        budget: Option<budget::Slot>,
+    ) -> Self {
+        SessionGrant {
+            lost: lock.conn.lost_signal(),
+            release: Undo::with(
+                Release {
+                    lock,
+                    channel,
+                    hold,
+                    budget,
+                },
+                Release::in_background,
+            ),
+        }
+    }
+}
+
+impl Release {
+    /// From `Drop`: no runtime is needed here, the handle spawns onto the
+    /// connection's own runtime. If that runtime is gone, so is the
+    /// connection, and the server has freed the lock.
+    fn in_background(self) {
+        let runtime = self.lock.conn.runtime.clone();
+        drop(runtime.spawn(async move {
+            let Release {
+                lock,
+                channel,
+                hold,
+                budget,
+            } = self;
+            let wanted = handoff::take_wanted(hold.as_ref());
+            let r = lock.unlock().await;
+            drop((hold, budget));
+            if r.is_ok() {
+                channel.released(&lock.key, wanted);
+            }
+        }));
+    }
+}
+
+impl Grant for SessionGrant {
+    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+        Box::pin(async move {
+            // Dropped before its first poll, this future drops `self`, whose
+            // armed undo unlocks in the background. From here on the future
+            // owns the unlock: its first poll sends it (below).
+            let Release {
+                lock,
+                channel,
+                mut hold,
+                budget,
+            } = self.release.take().expect("held until released");
+            let _budget = budget;
+            if lock.mode == Mode::Exclusive {
+                if let Some(h) = hold.take() {
+                    hold = handoff::park(&lock, h);
+                    if hold.is_none() {
+                        return Ok(());
+                    }
+                }
+            }
+            let unlock = lock.unlock();
+            tokio::pin!(unlock);
+            // The first poll sends the unlock. Once it is on the wire, an
+            // in-process waiter may go: whatever it sends reaches the server
+            // after our unlock, so the hand-off costs it one round trip.
+            let first = std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
+            let wanted = handoff::take_wanted(hold.as_ref());
+            drop(hold);
+            let r = match first {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => unlock.await,
+            };
+            if r.is_ok() {
+                channel.released(&lock.key, wanted);
+            }
+            r
+        })
+    }
+
+    fn loss(&self) -> LossToken {
+        LossToken::of(self.lost.clone())
+    }
+}

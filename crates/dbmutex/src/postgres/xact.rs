@@ -1,0 +1,155 @@
+//! Transaction-level locks: on a dedicated connection for the
+//! [`Locker`](crate::Locker), and [`lock_xact`] inside a transaction the
+//! caller owns.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+
+use super::conn::PgConn;
+use super::errors::{db_err, first_bool, first_text, is_lock_timeout, row_count};
+use super::sql::{self, Call};
+use crate::core::wait;
+use crate::key::{pg_key, PgKey, Prefix};
+use crate::{Error, LockName, LockOptions, Result, WaitStrategy};
+
+/// `pg_try_advisory_xact_lock*` in the open transaction of `c`, retried
+/// with backoff until `opts`' bound. `owner` is the session's claim token
+/// (empty: the caller's own connection, not claimed).
+async fn poll_xact<C: GenericClient + Sync>(
+    c: &C,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    owner: &str,
+) -> Result<bool> {
+    let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, name, owner);
+    let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
+        let rows = c
+            .query_typed(&sql, &params.as_typed())
+            .await
+            .map_err(|e| db_err(e, name))?;
+        if rows.is_empty() {
+            return Err(Error::Unsupported(SESSION_OF_ANOTHER.into()));
+        }
+        Ok(first_bool(&rows)?.then_some(()))
+    })
+    .await?;
+    Ok(got.is_some())
+}
+
+/// The message when a transaction landed on a server session that another
+/// client of ours claimed (behind a pooler): its session locks would be
+/// re-entrant for our transaction lock there.
+const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another dbmutex \
+     client holds session locks on (a pooler shares server sessions, and some client took session \
+     locks through it): a transaction lock there would not exclude that client. Use transaction \
+     locks only (LockOptions::transaction(true)) for every client behind this pooler";
+
+/// A transaction-level lock inside a transaction opened on a dedicated connection.
+pub(crate) async fn wait_xact_dedicated(
+    conn: &PgConn,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+) -> Result<bool> {
+    let c = &conn.client;
+    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
+        c.batch_execute("BEGIN").await.map_err(|e| db_err(e, name))?;
+        return poll_xact(c, name, key, opts, conn.owner()).await;
+    }
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, name, conn.owner());
+    let batch = format!(
+        "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0; {lock}; \
+         SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT",
+        sql::wait_ms(opts.timeout)
+    );
+    // A timeout aborts the transaction, and its locks with it: no race.
+    match c.simple_query(&batch).await {
+        Ok(msgs) if row_count(&msgs) == 1 => Ok(true),
+        Ok(_) => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+        Err(e) if is_lock_timeout(&e) => Ok(false),
+        Err(e) => Err(db_err(e, name)),
+    }
+}
+
+/// Takes a transaction-level advisory lock (`pg_advisory_xact_lock*`) inside
+/// a transaction you own; it is released when that transaction ends. Returns
+/// `false` when the wait ended without the lock.
+///
+/// - [`WaitStrategy::Poll`] retries `pg_try_advisory_xact_lock*` with backoff.
+/// - [`WaitStrategy::Server`] waits in the server (deadlock detection
+///   included) inside a savepoint, with `lock_timeout` set for the wait only.
+///   Afterwards — acquired, timed out, or deadlocked — `lock_timeout` reads as
+///   it did before and the transaction is usable: a timeout returns
+///   `Ok(false)`, a deadlock [`Error::Deadlock`].
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), dbmutex::Error> {
+/// use dbmutex::{postgres::lock_xact, LockOptions, Prefix, WaitStrategy};
+/// use std::time::Duration;
+/// let tx = client.transaction().await.map_err(|e| dbmutex::Error::Database(e.into()))?;
+/// let opts = LockOptions::new().timeout(Duration::from_secs(2)).wait_strategy(WaitStrategy::Server);
+/// if lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
+///     // ... work under the lock ...
+/// }
+/// tx.commit().await.map_err(|e| dbmutex::Error::Database(e.into()))?; // releases the lock
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Not cancel-safe: if the future is dropped while the server waits, the
+/// transaction's state is unknown; roll it back.
+pub async fn lock_xact(
+    tx: &tokio_postgres::Transaction<'_>,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<bool> {
+    let name = name.into();
+    name.validate()?;
+    let key = pg_key(&name, prefix);
+    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
+        return poll_xact(tx, &name, key, opts, "").await;
+    }
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name, "");
+    // lock_timeout is set even for an unbounded wait (to 0): a default from
+    // the role or database must not cut the wait short.
+    let batch = format!(
+        "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
+         SELECT set_config('lock_timeout', '{}ms', true); {lock}; RELEASE SAVEPOINT dbmutex_wait",
+        sql::wait_ms(opts.timeout)
+    );
+    match tx.simple_query(&batch).await {
+        Ok(msgs) => {
+            // A setting made inside a released savepoint stays in force
+            // until the transaction ends: put the old value back.
+            let old = first_text(&msgs).unwrap_or_default();
+            tx.query_typed(
+                "SELECT set_config('lock_timeout', $1, true)",
+                &[(&old, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| db_err(e, &name))?;
+            // Rows: the old setting, the new one, the lock (unless its guard
+            // found another client's session).
+            if row_count(&msgs) == 3 {
+                Ok(true)
+            } else {
+                Err(Error::Unsupported(SESSION_OF_ANOTHER.into()))
+            }
+        }
+        Err(e) => {
+            // Back to the savepoint: the transaction, its settings and its
+            // other locks are as they were before the wait.
+            tx.batch_execute("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")
+                .await
+                .map_err(|e2| db_err(e2, &name))?;
+            if is_lock_timeout(&e) {
+                Ok(false)
+            } else {
+                Err(db_err(e, &name))
+            }
+        }
+    }
+}
