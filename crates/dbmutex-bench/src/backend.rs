@@ -1,48 +1,25 @@
 //! Which server a URL names, and the URL every connection of a run uses.
 
-use anyhow::bail;
+use anyhow::anyhow;
+use dbmutex::BackendKind;
 
-/// The backend a URL names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `mysql://` or `mariadb://`.
-    Mysql,
-    /// `file:///lock/dir`: the local backend, no server.
-    Local,
-}
-
-impl Kind {
-    /// Recognises the URL's scheme.
-    pub fn of(url: &str) -> anyhow::Result<Kind> {
-        Ok(match url.split_once("://").map(|(s, _)| s) {
-            Some("postgres" | "postgresql") => Kind::Postgres,
-            Some("mysql" | "mariadb") => Kind::Mysql,
-            Some("file") => Kind::Local,
-            _ => bail!(
-                "unsupported URL {}: use postgres://, mysql://, mariadb:// or file://",
-                dbmutex::redact_url(url)
-            ),
-        })
-    }
-
-    /// `postgres`, `mysql` or `local`, as in the JSON `backend` field.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Postgres => "postgres",
-            Kind::Mysql => "mysql",
-            Kind::Local => "local",
-        }
-    }
+/// The backend `url` names ([`BackendKind::from_url`], any case of the
+/// scheme); an error naming the schemes the bench runs on otherwise.
+pub fn kind_of(url: &str) -> anyhow::Result<BackendKind> {
+    BackendKind::from_url(url).ok_or_else(|| {
+        anyhow!(
+            "unsupported URL {}: use postgres://, mysql://, mariadb:// or file://",
+            dbmutex::redact_url(url)
+        )
+    })
 }
 
 /// The URL to use for every connection of the run. A PostgreSQL URL without
 /// `sslmode` gets `sslmode=disable`: the library would otherwise negotiate
 /// TLS (libpq's `prefer`) while the raw floor could not, and TLS costs about
 /// 60 µs per lock cycle on loopback, which would make the ratios meaningless.
-pub fn run_url(url: &str, kind: Kind) -> String {
-    if kind != Kind::Postgres || url.contains("sslmode=") {
+pub fn run_url(url: &str, kind: BackendKind) -> String {
+    if kind != BackendKind::Postgres || url.contains("sslmode=") {
         return url.to_owned();
     }
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -56,18 +33,19 @@ mod tests {
     #[test]
     fn plaintext_unless_asked() {
         assert_eq!(
-            run_url("postgres://p@h/db", Kind::Postgres),
+            run_url("postgres://p@h/db", BackendKind::Postgres),
             "postgres://p@h/db?sslmode=disable"
         );
         assert_eq!(
-            run_url("postgres://p@h/db?x=1", Kind::Postgres),
+            run_url("postgres://p@h/db?x=1", BackendKind::Postgres),
             "postgres://p@h/db?x=1&sslmode=disable"
         );
         assert_eq!(
-            run_url("postgres://h/db?sslmode=require", Kind::Postgres),
+            run_url("postgres://h/db?sslmode=require", BackendKind::Postgres),
             "postgres://h/db?sslmode=require"
         );
-        assert_eq!(run_url("mysql://r@h/t", Kind::Mysql), "mysql://r@h/t");
-        assert!(Kind::of("redis://x").is_err());
+        assert_eq!(run_url("mysql://r@h/t", BackendKind::Mysql), "mysql://r@h/t");
+        assert!(kind_of("redis://x").is_err());
+        assert_eq!(kind_of("MariaDB://r@h/t").unwrap(), BackendKind::Mysql);
     }
 }

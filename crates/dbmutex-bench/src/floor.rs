@@ -13,11 +13,11 @@
 use std::sync::Arc;
 
 use anyhow::ensure;
+use dbmutex::BackendKind;
 use mysql_async::prelude::Queryable;
 use tokio::sync::Barrier;
 use tokio_postgres::types::{ToSql, Type};
 
-use crate::backend::Kind;
 use crate::report::Row;
 use crate::scenarios::Env;
 use crate::stats::{Sample, Timer};
@@ -32,7 +32,7 @@ pub async fn rtt(env: &Env) -> anyhow::Result<Row> {
         let (url, app) = (url.clone(), app.clone());
         async move {
             match kind {
-                Kind::Postgres => {
+                BackendKind::Postgres => {
                     let c = raw::pg_connect(&url, &app).await?;
                     let one = c.prepare("SELECT 1").await?;
                     barrier.wait().await;
@@ -73,19 +73,21 @@ pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
         let (url, app, name) = (url.clone(), app.clone(), names[i].clone());
         async move {
             match kind {
-                Kind::Postgres if unnamed => pg_unnamed_client(&url, &app, i, &name, barrier, dur).await,
-                Kind::Postgres => pg_client(&url, &app, i, barrier, dur).await,
+                BackendKind::Postgres if unnamed => {
+                    pg_unnamed_client(&url, &app, i, &name, barrier, dur).await
+                }
+                BackendKind::Postgres => pg_client(&url, &app, i, barrier, dur).await,
                 _ => my_client(&url, &name, barrier, dur).await,
             }
         }
     })
     .await?;
     let mut row = Row::new("floor", kind.as_str(), n, s.lat, s.seconds);
-    if kind == Kind::Postgres {
+    if kind == BackendKind::Postgres {
         row.set("statements", if unnamed { "unnamed" } else { "prepared" });
     }
     row.connections = match kind {
-        Kind::Postgres => sampler.finish().await,
+        BackendKind::Postgres => sampler.finish().await,
         // The MySQL probe counts lock owners; the floor's own connections
         // are known: one per client.
         _ => Some(n as i64),

@@ -16,9 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use dbmutex::WaitStrategy;
+use dbmutex::{BackendKind, WaitStrategy};
 
-use backend::Kind;
 use probe::Probe;
 use report::{round, Row};
 use scenarios::{Env, Params};
@@ -109,7 +108,7 @@ fn main() -> ExitCode {
 /// Runs the plan; `Ok(false)` when some scenario of `all` failed (the
 /// others still ran).
 async fn run(cli: Cli) -> anyhow::Result<bool> {
-    let kind = Kind::of(&cli.database_url)?;
+    let kind = backend::kind_of(&cli.database_url)?;
     anyhow::ensure!(cli.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(
         cli.duration > 0.0 && cli.hold_secs >= 0.0,
@@ -135,7 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         },
     };
     let plan = match (cli.scenario, kind) {
-        (Scenario::All, Kind::Local) => vec![Scenario::Uncontended, Scenario::Contended],
+        (Scenario::All, BackendKind::Local) => vec![Scenario::Uncontended, Scenario::Contended],
         (Scenario::All, _) => vec![
             Scenario::Rtt,
             Scenario::Floor,
@@ -144,7 +143,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Scenario::ManyKeys,
             Scenario::HoldMany,
         ],
-        (Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys, Kind::Local) => {
+        (Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys, BackendKind::Local) => {
             anyhow::bail!("the local backend runs uncontended and contended only (no server to measure)")
         }
         (s, _) => vec![s],

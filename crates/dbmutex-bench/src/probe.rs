@@ -4,10 +4,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dbmutex::BackendKind;
 use mysql_async::prelude::Queryable;
 use tokio::sync::{oneshot, Mutex};
 
-use crate::backend::Kind;
 use crate::raw;
 
 /// How often a [`Sampler`] looks.
@@ -30,11 +30,12 @@ pub enum Probe {
 
 impl Probe {
     /// Connects the probe for `kind`.
-    pub async fn connect(kind: Kind, url: &str) -> anyhow::Result<Probe> {
+    pub async fn connect(kind: BackendKind, url: &str) -> anyhow::Result<Probe> {
         Ok(match kind {
-            Kind::Postgres => Probe::Pg(raw::pg_connect(url, "dbmutex-bench-probe").await?),
-            Kind::Mysql => Probe::My(Mutex::new(raw::my_connect(url).await?)),
-            Kind::Local => Probe::Off,
+            BackendKind::Postgres => Probe::Pg(raw::pg_connect(url, "dbmutex-bench-probe").await?),
+            BackendKind::Mysql => Probe::My(Mutex::new(raw::my_connect(url).await?)),
+            // The local backend: no server connections to count.
+            _ => Probe::Off,
         })
     }
 

@@ -4,10 +4,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use dbmutex::{LockGuard, LockOptions, Locker, WaitStrategy};
+use dbmutex::{BackendKind, LockGuard, LockOptions, Locker, WaitStrategy};
 use tokio::task::JoinSet;
 
-use crate::backend::Kind;
 use crate::clients;
 use crate::probe::{Probe, Sampler};
 use crate::report::{round, Row};
@@ -46,7 +45,7 @@ pub struct Params {
 /// What every scenario of a run shares.
 pub struct Env {
     /// The backend.
-    pub kind: Kind,
+    pub kind: BackendKind,
     /// The URL for every connection (see [`crate::backend::run_url`]).
     pub url: String,
     /// Counts connections from the server's side.
@@ -91,7 +90,7 @@ impl Env {
     /// The database lock strings of `names` (MySQL only; the probe watches
     /// them).
     fn lock_strings(&self, locker: &Locker, names: &[String]) -> anyhow::Result<Vec<String>> {
-        if self.kind != Kind::Mysql {
+        if self.kind != BackendKind::Mysql {
             return Ok(vec![]);
         }
         names.iter().map(|n| Ok(locker.key_of(n.as_str())?)).collect()
@@ -99,7 +98,7 @@ impl Env {
 
     fn row(&self, scenario: &'static str, clients: usize, lat: Latencies, seconds: f64) -> Row {
         let mut row = Row::new(scenario, self.kind.as_str(), clients, lat, seconds);
-        if !self.p.name_comments && self.kind == Kind::Postgres {
+        if !self.p.name_comments && self.kind == BackendKind::Postgres {
             row.set("name_comments", false);
         }
         row
@@ -237,7 +236,7 @@ pub async fn many_keys(env: &Env) -> anyhow::Result<Row> {
 pub async fn hold_many(env: &Env) -> anyhow::Result<Row> {
     let app = env.app("hold-many");
     let k = match env.kind {
-        Kind::Mysql => env.p.locks.min(MYSQL_HOLD_CAP),
+        BackendKind::Mysql => env.p.locks.min(MYSQL_HOLD_CAP),
         _ => env.p.locks,
     };
     let locker = env.lockers(&app, 1, k).await?.remove(0);

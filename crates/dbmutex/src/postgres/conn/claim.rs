@@ -1,0 +1,137 @@
+//! The server-session claim (see [`Claim`]), and what happens when a pooler
+//! moves a connection off its claimed session.
+
+use std::sync::Arc;
+
+use super::session::PgConn;
+use crate::{Error, Result};
+
+/// A server session marked as ours: a random token in the session-level
+/// setting `dbmutex.owner`, which only this connection's statements can
+/// have set on that session. Every lock statement and heartbeat checks it
+/// in the same statement, so a pooler that hands our next statement to
+/// another server session is caught before anything is locked there.
+pub(crate) struct Claim {
+    /// 32 hex digits.
+    pub(crate) token: String,
+    /// The claimed session's backend pid and start, to end it if we are
+    /// ever moved away from it while it holds our locks.
+    pid: i32,
+    started: String,
+}
+
+impl PgConn {
+    /// Marks the server session as this connection's (see [`Claim`]), if no
+    /// other client did. A session that carries another client's token is
+    /// shared: we are behind a pooler (or one that keeps session state
+    /// between clients), and this connection stays unclaimed.
+    ///
+    /// Tried once per connection; later calls return at once.
+    pub(crate) async fn claim(&self) -> Result<()> {
+        if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let rows = self
+            .client
+            .query_typed(
+                "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
+                 THEN set_config('dbmutex.owner', $1, false) \
+                 ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
+                 (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_get_activity(pg_backend_pid())), \
+                 current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
+                 current_setting('max_prepared_transactions')",
+                &[(&token, tokio_postgres::types::Type::TEXT)],
+            )
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
+        let owner: Option<String> = row.get(0);
+        // Read as text: casts and the pg_stat_activity view would cost a
+        // fresh backend milliseconds of catalog lookups on every connect.
+        let setting = |i: usize| -> u64 {
+            row.get::<_, Option<String>>(i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let _ = self.lock_table.set(crate::postgres::budget::LockTable {
+            per_transaction: setting(3).max(1),
+            slots: (setting(4) + setting(5)).max(1),
+        });
+        if owner.as_deref() == Some(token.as_str()) {
+            let _ = self.claim.set(Claim {
+                token,
+                pid: row.get(1),
+                started: row.get::<_, Option<String>>(2).unwrap_or_default(),
+            });
+        } else {
+            self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.heard_from_server();
+        Ok(())
+    }
+
+    /// This connection's claim token, `""` when it has none.
+    pub(crate) fn owner(&self) -> &str {
+        self.claim.get().map_or("", |c| c.token.as_str())
+    }
+
+    /// Whether this connection owns its server session (session locks are
+    /// safe on it).
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.claim.get().is_some()
+    }
+
+    /// A guarded statement found itself on a server session that is not
+    /// ours: a pooler moved us. Our own session may still hold our locks,
+    /// out of reach of every later statement, so it is ended (the only way
+    /// to free them from outside), and this connection is closed: every
+    /// guard on it reports the loss.
+    pub(crate) fn moved(self: &Arc<Self>) {
+        self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "dbmutex: a statement ran on another server session than the one this connection \
+             claimed: a transaction-pooling proxy (e.g. PgBouncer pool_mode=transaction) is in \
+             between. Its locks are lost; ending our former server session if it holds them"
+        );
+        let me = self.clone();
+        drop(self.runtime.spawn(async move {
+            if let Some(c) = me.claim.get() {
+                // Only a session that holds advisory locks (ours) is ended:
+                // behind a pooler it may be running another client's
+                // transaction right now. Matched by pid and start time (as
+                // epoch seconds: no TimeZone or DateStyle in the way), so a
+                // reused pid is never hit.
+                let ended = me
+                    .client
+                    .query_typed(
+                        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_get_activity($1) a \
+                         WHERE extract(epoch FROM a.backend_start)::text = $2 \
+                         AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory')",
+                        &[
+                            (&c.pid, tokio_postgres::types::Type::INT4),
+                            (&c.started, tokio_postgres::types::Type::TEXT),
+                        ],
+                    )
+                    .await;
+                match ended {
+                    Ok(rows) if rows.iter().all(|r| r.get::<_, bool>(0)) => {}
+                    Ok(_) => tracing::warn!(
+                        pid = c.pid,
+                        "dbmutex: the server refused to end our former server session; its locks stay until the pooler closes it"
+                    ),
+                    // Ended itself: the statement landed on that very session.
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, pid = c.pid, "dbmutex: could not end our former server session; its locks stay until the pooler closes it")
+                    }
+                }
+            }
+            me.close();
+        }));
+        // Reported lost now, whatever the termination takes.
+        self.lost.send_replace(true);
+    }
+}

@@ -1,0 +1,185 @@
+//! How to make connections: a parsed configuration and a TLS choice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::{Client, Config};
+
+use super::session::PgConn;
+use super::tls::{make_tls, Tls};
+use super::NotifyHandler;
+use crate::redact::{pg_reason, redact_url};
+use crate::settings::Settings;
+use crate::{Error, Result};
+
+/// How to make connections: a parsed configuration and a TLS choice.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    config: Config,
+    tls: Tls,
+    /// Shared by every connection made here: set when one of them finds
+    /// its statements running on another server session.
+    pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Connector {
+    /// Parses a `postgres://` URL. `sslmode` follows libpq: `disable`;
+    /// `prefer` (the default) and `require` encrypt without verifying the
+    /// certificate; `verify-ca` and `verify-full` verify it (against
+    /// `sslrootcert` if given, else the Mozilla roots) and the host name.
+    pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut kept = Vec::new();
+        let mut sslmode = "prefer".to_owned();
+        let mut rootcert = None;
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            match kv.split_once('=') {
+                Some(("sslmode", v)) => sslmode = v.to_owned(),
+                Some(("sslrootcert", v)) => rootcert = Some(v.to_owned()),
+                _ => kept.push(kv),
+            }
+        }
+        let verify = match sslmode.as_str() {
+            "disable" | "allow" => None,
+            "prefer" | "require" => Some(false),
+            "verify-ca" | "verify-full" => Some(true),
+            // The value is not quoted: it may be the tail of a password.
+            _ => {
+                return Err(Error::Config(
+                    "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full".into(),
+                ))
+            }
+        };
+        let pg_mode = match sslmode.as_str() {
+            "disable" | "allow" => "disable",
+            "prefer" => "prefer",
+            _ => "require",
+        };
+        kept.push(if pg_mode == "disable" {
+            "sslmode=disable"
+        } else if pg_mode == "prefer" {
+            "sslmode=prefer"
+        } else {
+            "sslmode=require"
+        });
+        let rebuilt = format!("{base}?{}", kept.join("&"));
+        let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
+            Error::Config(format!(
+                "bad PostgreSQL URL {}: {}",
+                redact_url(url),
+                pg_reason(&e)
+            ))
+        })?;
+        let tls = match verify {
+            None => Tls::Off,
+            Some(verify) => make_tls(verify, rootcert.as_deref())?,
+        };
+        Ok(Self::with_config(config, tls, settings))
+    }
+
+    /// From a tokio-postgres `Config`: TLS as its `ssl_mode` says
+    /// (`prefer`/`require` encrypt without verifying, as libpq does).
+    pub(crate) fn from_config(config: Config, settings: &Settings) -> Result<Self> {
+        let tls = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => Tls::Off,
+            _ => make_tls(false, None)?,
+        };
+        Ok(Self::with_config(config, tls, settings))
+    }
+
+    fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(settings.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name(&settings.application_name);
+        }
+        // The kernel notices a dead peer of an idle connection after about
+        // idle + interval; TCP_USER_TIMEOUT bounds unacknowledged sends.
+        let ka = settings.keepalive.max(Duration::from_secs(1));
+        config
+            .keepalives(true)
+            .keepalives_idle(ka)
+            .keepalives_interval(ka)
+            .keepalives_retries(1)
+            .tcp_user_timeout(ka * 2);
+        Connector {
+            config,
+            tls,
+            pooler_seen: Arc::default(),
+        }
+    }
+
+    /// Opens a connection. `on_notify` receives `NOTIFY` messages. With
+    /// `claim`, it claims its server session (see
+    /// [`Claim`](super::claim::Claim)) before it is returned; a connection
+    /// for transaction locks needs no claim (and behind a busy pooler, a
+    /// claim would wait for a free server session).
+    pub(crate) async fn connect(
+        &self,
+        settings: &Settings,
+        on_notify: Option<NotifyHandler>,
+        claim: bool,
+    ) -> Result<Arc<PgConn>> {
+        let fut = async {
+            match &self.tls {
+                Tls::Off => {
+                    let (client, conn) = self
+                        .config
+                        .connect(tokio_postgres::NoTls)
+                        .await
+                        .map_err(connect_err)?;
+                    Ok::<_, Error>(self.start(client, conn, on_notify))
+                }
+                #[cfg(feature = "tls")]
+                Tls::Rustls(t) => {
+                    let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
+                    Ok::<_, Error>(self.start(client, conn, on_notify))
+                }
+            }
+        };
+        let connect_and_claim = async {
+            let conn = fut.await?;
+            if claim {
+                conn.claim().await?;
+            }
+            Ok::<_, Error>(conn)
+        };
+        match tokio::time::timeout(settings.connect_timeout, connect_and_claim).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Connect(
+                format!("no answer from the server within {:?}", settings.connect_timeout).into(),
+            )),
+        }
+    }
+
+    /// Wraps a connected client in a [`PgConn`] of this connector.
+    fn start<S, T>(
+        &self,
+        client: Client,
+        conn: tokio_postgres::Connection<S, T>,
+        on_notify: Option<NotifyHandler>,
+    ) -> Arc<PgConn>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        PgConn::start(
+            client,
+            conn,
+            self.tls.clone(),
+            on_notify,
+            self.pooler_seen.clone(),
+        )
+    }
+
+    /// True once any connection of this connector has seen its statements
+    /// run on a server session other than its own (a pooler shares them).
+    pub(crate) fn pooler_seen(&self) -> bool {
+        self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn connect_err(e: tokio_postgres::Error) -> Error {
+    Error::Connect(Box::new(e))
+}

@@ -1,0 +1,92 @@
+//! The keepalive probe of a connection that holds locks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::session::PgConn;
+
+impl PgConn {
+    /// Keeps checking that the server answers, for a connection that runs
+    /// only statements that answer at once (the lock session; a dedicated
+    /// connection while it holds its lock): when it
+    /// has been quiet for `every`, it sends `SELECT 1` (carrying the last
+    /// lock name's comment, so `pg_stat_activity` still shows it); no answer
+    /// within `every` (at least 500 ms) closes it and reports it lost. So a
+    /// silent failure — a partition, a hung server — is noticed within
+    /// `every + max(every, 500 ms)` of the last answer, where TCP keepalive
+    /// alone may take much longer (a middlebox or proxy that still
+    /// acknowledges TCP hides it).
+    ///
+    /// Each probe of a session-lock connection also checks that it still
+    /// runs on its claimed server session (see
+    /// [`Claim`](super::claim::Claim)); with `xact` (a connection whose open
+    /// transaction pins its session) it need not.
+    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
+        let weak = Arc::downgrade(self);
+        let answer_within = every.max(Duration::from_millis(500));
+        self.runtime.spawn(async move {
+            let mut wait = every;
+            loop {
+                tokio::time::sleep(wait).await;
+                let Some(conn) = weak.upgrade() else { return };
+                if conn.is_lost() {
+                    return;
+                }
+                // The probe goes out `every` after the last answer, not on a
+                // fixed tick: a tick could add up to another `every`.
+                let quiet = Duration::from_millis(
+                    (conn.born.elapsed().as_millis() as u64)
+                        .saturating_sub(conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed)),
+                );
+                if quiet < every {
+                    wait = every - quiet;
+                    continue;
+                }
+                wait = every;
+                let comment = conn
+                    .last_comment
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                // Still on our own server session? (A connection without a
+                // claim holds only transaction locks, pinned by their
+                // transaction.) The token is hex: nothing to escape.
+                let query = match (conn.claim.get().filter(|_| !xact), comment.is_empty()) {
+                    (Some(c), true) => format!("SELECT current_setting('dbmutex.owner', true) = '{}'", c.token),
+                    (Some(c), false) => format!(
+                        "SELECT current_setting('dbmutex.owner', true) = '{}' /* {comment} */",
+                        c.token
+                    ),
+                    (None, true) => "SELECT 't'".to_owned(),
+                    (None, false) => format!("SELECT 't' /* {comment} */"),
+                };
+                let probe = conn.client.simple_query(&query);
+                tokio::pin!(probe);
+                loop {
+                    let asked_ms = conn.born.elapsed().as_millis() as u64;
+                    match tokio::time::timeout(answer_within, &mut probe).await {
+                        Ok(Ok(msgs)) => {
+                            conn.heard_from_server();
+                            if crate::postgres::first_text(&msgs).as_deref() != Some("t") {
+                                conn.moved();
+                                return;
+                            }
+                            break;
+                        }
+                        // Other answers came meanwhile: the server is alive,
+                        // just busy (our probe waits its turn behind them).
+                        Err(_) if conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed) > asked_ms => {}
+                        _ => {
+                            tracing::warn!(
+                                "dbmutex: the lock session did not answer its keepalive; closing it (its locks are lost)"
+                            );
+                            conn.close();
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+        .abort_handle()
+    }
+}

@@ -1,0 +1,24 @@
+//! PostgreSQL connections: URL and TLS handling, and a connection whose end
+//! is an immediate lock-loss signal.
+//!
+//! - `connector.rs`: [`Connector`], from a URL or a `Config`, and `connect`;
+//! - `tls.rs`: the TLS choice (`sslmode`) and its rustls set-up;
+//! - `session.rs`: [`PgConn`], one server session, its lock statements and
+//!   its end;
+//! - `claim.rs`: the server-session claim, and what happens when a pooler
+//!   moves us off it;
+//! - `heartbeat.rs`: the keepalive probe of a lock session.
+
+mod claim;
+mod connector;
+mod heartbeat;
+mod session;
+mod tls;
+
+use std::sync::Arc;
+
+pub(crate) use connector::Connector;
+pub(crate) use session::PgConn;
+
+/// What to do with `NOTIFY` messages arriving on a connection.
+pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;

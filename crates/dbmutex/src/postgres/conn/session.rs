@@ -1,0 +1,237 @@
+//! One server session: its lock statements, and its end, reported at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, CancelToken, Client};
+
+use super::claim::Claim;
+use super::tls::Tls;
+use super::NotifyHandler;
+use crate::key::PgKey;
+use crate::postgres::sql::{self, Call};
+use crate::{LockName, Mode};
+
+/// One server session. When its connection ends, for whatever reason, `lost`
+/// turns true at once: every lock held on it is gone.
+pub(crate) struct PgConn {
+    /// Unique in the process, to tell sessions apart.
+    pub(crate) id: u64,
+    pub(crate) client: Client,
+    pub(super) lost: watch::Sender<bool>,
+    pub(super) cancel: CancelToken,
+    pub(super) tls: Tls,
+    pub(super) task: tokio::task::AbortHandle,
+    /// Where to spawn unlocks queued by a drop on a thread with no runtime.
+    pub(crate) runtime: tokio::runtime::Handle,
+    /// The last lock name sent in a comment, so the keepalive query can
+    /// carry it too (pg_stat_activity keeps showing it).
+    pub(super) last_comment: std::sync::Mutex<String>,
+    /// When the session last heard from the server (ms since `born`).
+    pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
+    pub(super) born: std::time::Instant,
+    /// Prepared lock statements (used when name comments are off).
+    /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
+    /// builds no SQL text to find one.
+    pub(super) statements:
+        std::sync::Mutex<std::collections::HashMap<(Call, Mode, bool), tokio_postgres::Statement>>,
+    /// The server session this connection claimed when it connected; unset
+    /// when that session was already claimed by another client.
+    pub(super) claim: std::sync::OnceLock<Claim>,
+    pub(super) claim_tried: std::sync::atomic::AtomicBool,
+    /// The server's lock-table settings, read with the claim.
+    pub(crate) lock_table: std::sync::OnceLock<crate::postgres::budget::LockTable>,
+    /// The connector's flag: a pooler moved one of its connections.
+    pub(super) pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PgConn {
+    pub(super) fn start<S, T>(
+        client: Client,
+        mut conn: tokio_postgres::Connection<S, T>,
+        tls: Tls,
+        on_notify: Option<NotifyHandler>,
+        pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Arc<PgConn>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (lost, _) = watch::channel(false);
+        let lost_tx = lost.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        if let Some(h) = &on_notify {
+                            h(n.channel(), n.payload());
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "dbmutex: PostgreSQL connection ended");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            lost_tx.send_replace(true);
+        });
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Arc::new(PgConn {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cancel: client.cancel_token(),
+            client,
+            lost,
+            tls,
+            task: task.abort_handle(),
+            runtime: tokio::runtime::Handle::current(),
+            statements: Default::default(),
+            last_comment: Default::default(),
+            last_answer_ms: std::sync::atomic::AtomicU64::new(0),
+            born: std::time::Instant::now(),
+            claim: std::sync::OnceLock::new(),
+            claim_tried: Default::default(),
+            lock_table: Default::default(),
+            pooler_seen,
+        })
+    }
+
+    /// Runs one session-lock call and returns its boolean (`true` for the
+    /// void-returning waits), or `None` when the statement ran on a server
+    /// session that is not ours (see [`Claim`]; the connection is then
+    /// [`moved`](Self::moved) and lost). With `name`, the statement carries
+    /// it in a comment and runs unprepared (`query_typed`: one round trip);
+    /// without, it runs as a statement prepared once per connection.
+    pub(crate) async fn lock_call(
+        self: &Arc<Self>,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+        name: Option<&LockName>,
+    ) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
+        let owner = self.owner();
+        if owner.is_empty() {
+            // Unclaimed: a session lock here could land anywhere.
+            self.moved();
+            return Ok(None);
+        }
+        let rows = match name {
+            Some(name) => {
+                let comment = crate::key::sql_comment(name);
+                let (sql, params) = sql::bound_commented(call, false, mode, key, &comment, owner);
+                *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = comment;
+                self.client.query_typed(&sql, &params.as_typed()).await?
+            }
+            None => {
+                let stmt = self.prepared(call, mode, key).await?;
+                let params = sql::Params::of(key, owner);
+                let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
+                self.client.query(&stmt, &values).await?
+            }
+        };
+        self.heard_from_server();
+        match rows.first() {
+            Some(r) => Ok(Some(r.try_get::<_, bool>(0).unwrap_or(true))),
+            None => {
+                self.moved();
+                Ok(None)
+            }
+        }
+    }
+
+    pub(super) fn heard_from_server(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        self.last_answer_ms
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Prepares every session lock statement this connection may run
+    /// unnamed-comment-free, so no later lock call waits for a prepare (a
+    /// release dropped mid-prepare would not know whether its unlock went out).
+    pub(crate) async fn warm_statements(&self) -> std::result::Result<(), tokio_postgres::Error> {
+        for call in [Call::Try, Call::Unlock] {
+            for mode in [Mode::Exclusive, Mode::Shared] {
+                for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
+                    self.prepared(call, mode, &key).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
+    /// first use and cached for the connection.
+    async fn prepared(
+        &self,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        let kind = (call, mode, matches!(key, PgKey::Big(_)));
+        let cached = self
+            .statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&kind)
+            .cloned();
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        let (sql, params) = sql::bound_plain(call, false, mode, key, "");
+        let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+        let s = self.client.prepare_typed(&sql, &types).await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind, s.clone());
+        Ok(s)
+    }
+
+    /// True once the connection is gone.
+    pub(crate) fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// A receiver that turns true when the connection is gone.
+    pub(crate) fn lost_signal(&self) -> watch::Receiver<bool> {
+        self.lost.subscribe()
+    }
+
+    /// Closes the connection now (the server then frees its locks) and
+    /// reports it lost. Needs no runtime.
+    pub(crate) fn close(&self) {
+        self.task.abort();
+        self.lost.send_replace(true);
+    }
+
+    /// Asks the server to cancel the statement running on this session, in
+    /// the background, then closes the connection. Used when a waiting
+    /// statement is abandoned: without the cancel, a backend blocked in a
+    /// lock wait would not notice the closed socket until it got the lock.
+    pub(crate) fn cancel_and_close(self: &Arc<Self>) {
+        let token = self.cancel.clone();
+        let tls = self.tls.clone();
+        let me = self.clone();
+        // The close must follow the cancel: a cancel sent after the session
+        // is gone is harmless, but a closed session cannot be cancelled.
+        drop(self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                match tls {
+                    Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,
+                    #[cfg(feature = "tls")]
+                    Tls::Rustls(t) => token.cancel_query(t).await,
+                }
+            })
+            .await;
+            me.close();
+        }));
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

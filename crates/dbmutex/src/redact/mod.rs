@@ -1,0 +1,166 @@
+//! Connection strings in messages: described, never echoed.
+//!
+//! dbmutex never prints a connection string as it was given, redacted or
+//! not. [`redact_url`] rebuilds a description — `postgres://user@host:port/db`
+//! — from the fields the driver's own parser read out of the string
+//! (tokio-postgres's `Config`, mysql_async's `Opts`), so neither the
+//! password nor any query parameter (`password=`, `sslpassword=`, …, in any
+//! case) can reach a message: they are simply never copied. A string the
+//! parser rejects, or one it would read differently from what the user
+//! meant, is shown as its scheme and `<unparseable connection string>` only.
+//!
+//! "Read differently" is the dangerous case: in `mysql://u:pa/SECRET@h/db`
+//! the URL grammar ends the host at the first `/`, so `SECRET@h/db` would
+//! become the path (and the database name the server echoes back in its
+//! "unknown database" error, and logs). [`check()`] refuses such strings
+//! before anything connects, naming the characters to percent-encode:
+//!
+//! - PostgreSQL (tokio-postgres takes the user-info up to the *first* `@`):
+//!   a second `@`, or a `?` before the first `@` (dbmutex reads the query
+//!   string from the first `?`).
+//! - MySQL/MariaDB (the WHATWG URL grammar ends the authority at the first
+//!   `/`, `?` or `#`): an `@` after that point.
+//!
+//! Driver errors about a malformed string are reworded by [`pg_reason`] and
+//! [`mysql_reason`], which keep only the driver's fixed texts and option
+//! names, never a value (mysql_async's "Invalid value `...`" quotes it).
+
+mod check;
+mod describe;
+mod reasons;
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+
+use crate::{Error, Result};
+
+pub(crate) use check::check;
+#[cfg(feature = "postgres")]
+pub(crate) use describe::describe_pg_config;
+use describe::{describe_key_value, describe_mysql_url, describe_pg_url};
+#[cfg(feature = "mysql")]
+pub(crate) use reasons::mysql_reason;
+#[cfg(feature = "postgres")]
+pub(crate) use reasons::pg_reason;
+
+/// What a description shows in place of a string that cannot be shown.
+pub(crate) const UNPARSEABLE: &str = "<unparseable connection string>";
+
+/// Characters escaped in the user, host and database names a description
+/// shows, so that a description can never be mistaken for a longer one (or
+/// forge a second line of output).
+const FIELD: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'\'')
+    .add(b'#')
+    .add(b'%')
+    .add(b'&')
+    .add(b'/')
+    .add(b':')
+    .add(b';')
+    .add(b'<')
+    .add(b'>')
+    .add(b'=')
+    .add(b'?')
+    .add(b'@')
+    .add(b'[')
+    .add(b'\\')
+    .add(b']')
+    .add(b'`')
+    .add(b'{')
+    .add(b'|')
+    .add(b'}')
+    .add(b',')
+    .add(b'+');
+
+/// As [`FIELD`], but keeping `/` (Unix socket directories).
+const PATH: &AsciiSet = &FIELD.remove(b'/');
+
+/// A description of the database a connection string names, for messages:
+/// `postgres://user@host:port/db`, `mysql://user@host:port/db`,
+/// `file:///lock/dir`, or for libpq `key=value` strings
+/// `host=… port=… user=… dbname=…`. Built from the fields the driver's
+/// parser read, so it never contains a password or any query parameter,
+/// whatever characters (`/ ? # @ %`, quotes, spaces) the password holds. A
+/// string that does not parse, or would parse ambiguously, is shown as
+/// `scheme://<unparseable connection string>` (or without the scheme, when
+/// there is none). An unknown scheme is shown as `scheme://…`.
+///
+/// (The name is historical: the result is not the URL with the password
+/// cut out, but a description rebuilt from parsed fields.)
+pub fn redact_url(url: &str) -> String {
+    match split_scheme(url) {
+        Some((scheme, rest)) => match scheme.as_str() {
+            "postgres" | "postgresql" => match describe_pg_url(rest) {
+                Some(d) => format!("{scheme}://{d}"),
+                None => format!("{scheme}://{UNPARSEABLE}"),
+            },
+            "mysql" | "mariadb" => match describe_mysql_url(rest) {
+                Some(d) => format!("{scheme}://{d}"),
+                None => format!("{scheme}://{UNPARSEABLE}"),
+            },
+            "file" => match file_url_path(url) {
+                Ok(path) => format!("file://{}", utf8_percent_encode(&path, PATH)),
+                Err(_) => format!("file://{UNPARSEABLE}"),
+            },
+            _ => format!("{scheme}://…"),
+        },
+        None => describe_key_value(url).unwrap_or_else(|| UNPARSEABLE.to_owned()),
+    }
+}
+
+/// The URL's scheme, lowercased, and what follows `://`; `None` unless the
+/// text before `://` is a well-formed scheme (RFC 3986: a letter, then
+/// letters, digits, `+`, `-`, `.`), so a malformed string's text is never
+/// shown as its "scheme".
+pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let mut chars = scheme.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && scheme.len() <= 32;
+    ok.then(|| (scheme.to_ascii_lowercase(), rest))
+}
+
+/// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
+/// with `%XX` escapes decoded. Errors do not quote the URL.
+pub(crate) fn file_url_path(url: &str) -> Result<String> {
+    let rest = url.get("file://".len()..).unwrap_or_default();
+    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !rest.starts_with('/') {
+        return Err(Error::Config(
+            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
+        ));
+    }
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
+}
+
+#[cfg(all(test, feature = "postgres", feature = "mysql"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_urls() {
+        assert_eq!(file_url_path("file:///tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file://localhost/tmp/x").unwrap(), "/tmp/x");
+        assert_eq!(file_url_path("file:///tmp/a%20b").unwrap(), "/tmp/a b");
+        assert_eq!(file_url_path("file:///tmp/100%").unwrap(), "/tmp/100%");
+        assert_eq!(file_url_path("file:///tmp/%é").unwrap(), "/tmp/%é");
+        assert!(file_url_path("file://relative").is_err());
+    }
+}
