@@ -85,9 +85,12 @@ use sha2::{Digest, Sha256};
 use crate::Error;
 
 pub use local::local_file_name;
+pub(crate) use local::local_name_from_note;
 #[cfg(feature = "mysql")]
-pub(crate) use mysql::mysql_looks_mapped;
+pub(crate) use mysql::{mysql_as_listed, mysql_maybe_cut, mysql_name_of};
 pub use mysql::{mysql_lock_string, mysql_lock_string_for, MysqlFlavour, MYSQL_MAX_BYTES, MYSQL_MAX_CHARS};
+#[cfg(feature = "postgres")]
+pub(crate) use pg::name_from_comments;
 pub use pg::{gem_hash, pg_key, sql_comment, PgKey};
 
 /// The environment variable the gem reads its key prefix from.

@@ -112,7 +112,7 @@ fn mysql_mapped(full: &str) -> String {
 /// least 172 bytes), then `#` and 16 lowercase hex digits. A name of that
 /// very shape passed unchanged looks the same; nothing else does.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) fn mysql_looks_mapped(lock: &str) -> bool {
+fn mysql_looks_mapped(lock: &str) -> bool {
     let Some((head, hash)) = lock.rsplit_once('#') else {
         return false;
     };
@@ -120,6 +120,40 @@ pub(crate) fn mysql_looks_mapped(lock: &str) -> bool {
     let n = head.chars().count();
     hex && (n == 47
         || (n < 47 && head.len() >= MYSQL_MAX_BYTES - 17 - 3 && head.len() <= MYSQL_MAX_BYTES - 17))
+}
+
+/// A lock string as MariaDB's `METADATA_LOCK_INFO` shows it (measured on
+/// 10.11): read as `utf8mb3`, so each byte of a 4-byte character shows as
+/// `?`, and cut to 64 characters.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn mysql_as_listed(lock: &str) -> String {
+    lock.chars()
+        .flat_map(|c| match c.len_utf8() {
+            4 => std::iter::repeat_n('?', 4),
+            _ => std::iter::repeat_n(c, 1),
+        })
+        .take(MYSQL_MAX_CHARS)
+        .collect()
+}
+
+/// Whether a listed string may be cut short or altered by the listing
+/// (see [`mysql_as_listed`]), so that it must be checked before it counts as
+/// the lock string.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn mysql_maybe_cut(listed: &str) -> bool {
+    listed.contains('?') || listed.chars().count() >= MYSQL_MAX_CHARS
+}
+
+/// The name behind a lock string, when it can be known from the string:
+/// the string minus the prefix. A string in the shape of a mapped long name
+/// (see [`mysql_looks_mapped`]: a head, `#`, 16 hex digits) is taken for
+/// one, so its name is unknown here; the backend fills in the names of the
+/// locks its own locker holds. A listed string that may be cut or altered
+/// ([`mysql_maybe_cut`]) is named here too and must be checked by the caller.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn mysql_name_of(key: &str, prefix: &Prefix) -> Option<String> {
+    let rest = key.strip_prefix(prefix.text())?;
+    (!mysql_looks_mapped(key) && !rest.is_empty()).then(|| rest.to_owned())
 }
 
 #[cfg(test)]
@@ -246,6 +280,96 @@ mod tests {
             &format!("{}#{}", "a".repeat(47), "XYZ"),
         ] {
             assert!(!mysql_looks_mapped(plain), "{plain:?}");
+        }
+    }
+
+    #[test]
+    fn names_from_lock_strings() {
+        let p = Prefix::new("app:");
+        assert_eq!(mysql_name_of("app:report", &p).as_deref(), Some("report"));
+        assert_eq!(mysql_name_of("other:report", &p), None);
+        assert_eq!(mysql_name_of("app:", &p), None);
+        let long = "n".repeat(100);
+        for flavour in [MysqlFlavour::MariaDb, MysqlFlavour::Mysql] {
+            let key = mysql_lock_string_for(&long.as_str().into(), &p, flavour).unwrap();
+            let want = (flavour == MysqlFlavour::MariaDb).then(|| long.clone());
+            assert_eq!(mysql_name_of(&key, &p), want, "{flavour:?}");
+        }
+        // A mapped string does not reveal its name — multi-byte heads too,
+        // which stop short of 47 characters.
+        for long in [
+            "n".repeat(300),
+            "ü".repeat(100),
+            "😀".repeat(60),
+            format!("a{}", "😀".repeat(60)),
+        ] {
+            let key = mysql_lock_string_for(&long.as_str().into(), &p, MysqlFlavour::MariaDb).unwrap();
+            assert_ne!(key, format!("app:{long}"));
+            assert_eq!(mysql_name_of(&key, &p), None, "{key:?}");
+        }
+        assert_eq!(mysql_name_of("plain", &Prefix::none()).as_deref(), Some("plain"));
+    }
+
+    #[test]
+    fn listed_strings() {
+        assert_eq!(mysql_as_listed("report"), "report");
+        assert_eq!(mysql_as_listed("a😀ü"), "a????ü");
+        let long = "m".repeat(100);
+        assert_eq!(mysql_as_listed(&long), "m".repeat(64));
+        assert!(mysql_maybe_cut(&mysql_as_listed(&long)));
+        assert!(mysql_maybe_cut("a?b"));
+        assert!(!mysql_maybe_cut("report"));
+        assert!(!mysql_maybe_cut(&"m".repeat(63)));
+    }
+
+    /// Name → lock string → (as the server lists it) → name, on both
+    /// servers: the name comes back exactly when the string is the name
+    /// unchanged and listed unaltered; a mapped (hashed) string never yields
+    /// a name, and a listed string that may be altered is flagged for the
+    /// backend's check rather than trusted.
+    #[test]
+    fn lock_strings_round_trip() {
+        let names = [
+            "report".to_owned(),
+            "a?b".to_owned(),
+            "n".repeat(59),
+            "n".repeat(60),
+            "n".repeat(61),
+            "n".repeat(100),
+            "n".repeat(188),
+            "n".repeat(300),
+            "ü".repeat(60),
+            "ü".repeat(100),
+            "日本".repeat(40),
+            "😀".repeat(10),
+            "😀".repeat(48),
+            "😀".repeat(60),
+            format!("a{}", "😀".repeat(60)),
+            format!("{}#0123456789abcdef", "x".repeat(43)),
+        ];
+        for prefix in [Prefix::none(), Prefix::new("app:")] {
+            for flavour in [MysqlFlavour::MariaDb, MysqlFlavour::Mysql] {
+                for name in &names {
+                    let lock = mysql_lock_string_for(&name.as_str().into(), &prefix, flavour).unwrap();
+                    let unchanged = lock == format!("{}{name}", prefix.text());
+                    let got = mysql_name_of(&lock, &prefix);
+                    if unchanged && !mysql_looks_mapped(&lock) {
+                        assert_eq!(got.as_deref(), Some(name.as_str()), "{flavour:?} {name:?}");
+                    } else {
+                        // Mapped, or a name of a mapped string's very shape
+                        // (its own locker names it): unknown from the string.
+                        assert_eq!(got, None, "{flavour:?} {name:?}");
+                    }
+                    // MariaDB's listing: trusted as is only when unaltered.
+                    let listed = mysql_as_listed(&lock);
+                    if let Some(n) = mysql_name_of(&listed, &prefix) {
+                        assert!(
+                            mysql_maybe_cut(&listed) || (listed == lock && unchanged && n == *name),
+                            "{flavour:?} {name:?}: {listed:?} named {n:?} unchecked"
+                        );
+                    }
+                }
+            }
         }
     }
 }

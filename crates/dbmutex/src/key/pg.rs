@@ -30,6 +30,31 @@ impl PgKey {
             PgKey::Big(k) => ((k as u64 >> 32) as u32, k as u32, 1),
         }
     }
+
+    /// The key `pg_locks` shows as `(classid, objid, objsubid)`: the inverse
+    /// of [`pg_locks_ids`](Self::pg_locks_ids). `objsubid` 2 is the two-`int4`
+    /// form, anything else the `bigint` form.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn from_pg_locks(classid: u32, objid: u32, objsubid: i16) -> PgKey {
+        if objsubid == 2 {
+            PgKey::Pair(classid as i32, objid as i32)
+        } else {
+            PgKey::Big(((u64::from(classid) << 32) | u64::from(objid)) as i64)
+        }
+    }
+
+    /// The key whose text form ([`Display`](fmt::Display): `k1 k2` or `k`)
+    /// is `text`; `None` for anything else.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn from_text(text: &str) -> Option<PgKey> {
+        let mut parts = text.split(' ');
+        let a: i64 = parts.next()?.parse().ok()?;
+        let key = match parts.next() {
+            Some(b) => PgKey::Pair(i32::try_from(a).ok()?, b.parse().ok()?),
+            None => PgKey::Big(a),
+        };
+        parts.next().is_none().then_some(key)
+    }
 }
 
 impl fmt::Display for PgKey {
@@ -66,6 +91,32 @@ pub fn sql_comment(name: &LockName) -> String {
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect()
+}
+
+/// The lock name in a statement's `/* name */` comment (as [`sql_comment`]
+/// writes it, and the gem), if it maps to `key` under `prefix`: the inverse
+/// of [`sql_comment`] for the names that pass through it unchanged. The
+/// statement may be about another lock of the same session, so a comment
+/// whose name maps elsewhere is skipped.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> Option<String> {
+    let mut rest = query;
+    while let Some(start) = rest.find("/* ") {
+        let after = &rest[start + 3..];
+        let end = after.find(" */")?;
+        let candidate = &after[..end];
+        let as_name = LockName::Str(candidate.to_owned());
+        if !candidate.is_empty() && pg_key(&as_name, prefix) == *key {
+            return Some(candidate.to_owned());
+        }
+        if let Ok(n) = candidate.parse::<i64>() {
+            if pg_key(&LockName::Int(n), prefix) == *key {
+                return Some(candidate.to_owned());
+            }
+        }
+        rest = &after[end + 3..];
+    }
+    None
 }
 
 #[cfg(test)]
@@ -114,5 +165,107 @@ mod tests {
         let c = sql_comment(&"x */ DROP TABLE t; /* y\n".into());
         assert!(!c.contains("*/") && !c.contains("/*") && !c.contains('\n'));
         assert_eq!(sql_comment(&"a/*/b".into()), "a--/b");
+    }
+
+    #[test]
+    fn names_from_comments() {
+        let p = Prefix::none();
+        let k = pg_key(&"job".into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT pg_try_advisory_lock($1, $2) /* job */", &k, &p).as_deref(),
+            Some("job")
+        );
+        assert_eq!(name_from_comments("SELECT 1 /* other */", &k, &p), None);
+        let k7 = pg_key(&7i64.into(), &p);
+        assert_eq!(
+            name_from_comments("SELECT x /* a */ /* 7 */", &k7, &p).as_deref(),
+            Some("7")
+        );
+        assert_eq!(name_from_comments("/* unterminated", &k, &p), None);
+    }
+
+    /// `pg_locks` ids back to the key, over both forms' edges.
+    #[test]
+    fn pg_locks_ids_round_trip() {
+        for key in [
+            PgKey::Pair(0, 0),
+            PgKey::Pair(1, -2),
+            PgKey::Pair(i32::MIN, i32::MAX),
+            PgKey::Pair(-1, -1),
+            PgKey::Big(0),
+            PgKey::Big(-1),
+            PgKey::Big(1 << 32 | 2),
+            PgKey::Big(i64::MIN),
+            PgKey::Big(i64::MAX),
+        ] {
+            let (classid, objid, objsubid) = key.pg_locks_ids();
+            assert_eq!(PgKey::from_pg_locks(classid, objid, objsubid), key, "{key:?}");
+        }
+        // As pg_locks shows them: a pair's ids are its two int4 as oids.
+        assert_eq!(PgKey::from_pg_locks(u32::MAX, 5, 2), PgKey::Pair(-1, 5));
+        assert_eq!(PgKey::from_pg_locks(1, 2, 1), PgKey::Big(1 << 32 | 2));
+    }
+
+    /// A key's text form back to the key; other text is refused.
+    #[test]
+    fn text_round_trip() {
+        for key in [
+            PgKey::Pair(1, -2),
+            PgKey::Pair(i32::MIN, i32::MAX),
+            PgKey::Big(i64::MIN),
+            PgKey::Big(i64::MAX),
+            PgKey::Big(7),
+            pg_key(&"report".into(), &Prefix::new("42")),
+        ] {
+            assert_eq!(PgKey::from_text(&key.to_string()), Some(key), "{key}");
+        }
+        for junk in [
+            "",
+            " ",
+            "x",
+            "1 x",
+            "1 2 3",
+            "1  2",
+            "1 2 ",
+            "99999999999 1",
+            "1 99999999999",
+        ] {
+            assert_eq!(PgKey::from_text(junk), None, "{junk:?}");
+        }
+    }
+
+    /// A name through the comment the lock statement carries and back:
+    /// recovered exactly when the comment shows it unchanged, else unknown.
+    #[test]
+    fn comments_round_trip() {
+        for prefix in [Prefix::none(), Prefix::new("42")] {
+            for name in [
+                LockName::from("job"),
+                LockName::from(" padded "),
+                LockName::from("naïve 😀 name"),
+                LockName::from("a -- b"),
+                LockName::from("*/"),
+                LockName::from("x /* y */ z"),
+                LockName::from("tab\there"),
+                LockName::from("line\nbreak"),
+                LockName::from(0i64),
+                LockName::from(-1i64),
+                LockName::from(7i64),
+            ] {
+                let key = pg_key(&name, &prefix);
+                let comment = sql_comment(&name);
+                // As the lock statements are written (postgres/sql.rs), after
+                // a comment about another lock of the session.
+                let other = sql_comment(&"other".into());
+                let query =
+                    format!("SELECT 1 /* {other} */; SELECT pg_try_advisory_lock(1, 2) /* {comment} */");
+                let want = (comment == name.to_string()).then(|| name.to_string());
+                assert_eq!(name_from_comments(&query, &key, &prefix), want, "{name:?}");
+            }
+            // Raw keys are written as `raw:…`, which names no key here.
+            let raw = LockName::raw_i64(5);
+            let query = format!("SELECT pg_try_advisory_lock(5) /* {} */", sql_comment(&raw));
+            assert_eq!(name_from_comments(&query, &pg_key(&raw, &prefix), &prefix), None);
+        }
     }
 }

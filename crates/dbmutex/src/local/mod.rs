@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use crate::arbiter::{Arbiter, Hold};
 use crate::guard::{BoxFuture, Held};
-use crate::key::local_file_name;
+use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
 use crate::wait;
@@ -300,7 +300,7 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
         };
         let name = file::read_note(&path)
             .name
-            .map(|n| n.strip_prefix(prefix).map(str::to_owned).unwrap_or(n));
+            .map(|n| local_name_from_note(n, prefix));
         out.extend(holders_at(&path, mode).into_iter().map(|holder| ListedLock {
             name: name.clone(),
             key: key.to_owned(),
