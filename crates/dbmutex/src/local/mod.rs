@@ -63,7 +63,7 @@ use crate::core::arbiter::{Arbiter, Hold};
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
 use crate::core::guard::{BoxFuture, Grant};
 use crate::core::loss::LossToken;
-use crate::key::local_file_name;
+use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result};
@@ -332,7 +332,7 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
         };
         let name = file::read_note(&path)
             .name
-            .map(|n| n.strip_prefix(prefix).map(str::to_owned).unwrap_or(n));
+            .map(|n| local_name_from_note(n, prefix));
         out.extend(holders_at(&path, mode).into_iter().map(|holder| ListedLock {
             name: name.clone(),
             key: key.to_owned(),

@@ -5,7 +5,8 @@ use mysql_async::prelude::Queryable;
 
 use super::conn::{Connector, RunError};
 use super::errors::run_err;
-use crate::key::{mysql_looks_mapped, Prefix};
+use super::registry::Shared;
+use crate::key::{mysql_as_listed, mysql_maybe_cut, mysql_name_of};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
 use crate::{Error, LockName, Mode, Result};
@@ -112,7 +113,7 @@ pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<V
         .into_iter()
         .filter_map(|(key, id, user, host, since)| {
             Some(ListedLock {
-                name: name_of(&key, &settings.prefix),
+                name: mysql_name_of(&key, &settings.prefix),
                 holder: holder((id, user, host, since))?,
                 key,
             })
@@ -120,25 +121,8 @@ pub(super) async fn list(connector: &Connector, settings: &Settings) -> Result<V
         .collect())
 }
 
-/// A lock string as MariaDB's `METADATA_LOCK_INFO` shows it (measured on
-/// 10.11): read as `utf8mb3`, so each byte of a 4-byte character shows as
-/// `?`, and cut to 64 characters.
-pub(super) fn as_listed(lock: &str) -> String {
-    lock.chars()
-        .flat_map(|c| match c.len_utf8() {
-            4 => std::iter::repeat_n('?', 4),
-            _ => std::iter::repeat_n(c, 1),
-        })
-        .take(crate::key::MYSQL_MAX_CHARS)
-        .collect()
-}
-
-/// Whether a listed string may be cut short or altered by the listing
-/// (see [`as_listed`]), so that it must be checked before it counts as the
-/// lock string.
-pub(super) fn maybe_cut(listed: &str) -> bool {
-    listed.contains('?') || listed.chars().count() >= crate::key::MYSQL_MAX_CHARS
-}
+// The inverse of the lock-string mapping lives beside it, in crate::key;
+// mysql/mod.rs reads the listing through these names.
 
 /// Whether `lock`, exactly, is held by session `id` now.
 pub(super) async fn held_by(connector: &Connector, lock: &str, id: i64) -> Result<bool> {
@@ -149,58 +133,39 @@ pub(super) async fn held_by(connector: &Connector, lock: &str, id: i64) -> Resul
         .map_err(|e| run_err(e, &LockName::Str("(list)".into())))?;
     Ok(row.and_then(|(v,)| v) == Some(id))
 }
-
-/// The name behind a lock string, when it can be known from the string:
-/// the string minus the prefix. A string in the shape of a mapped long name
-/// (see [`mysql_looks_mapped`]: a head, `#`, 16 hex digits) is taken for
-/// one, so its name is unknown here; the backend fills in the names of the
-/// locks its own locker holds.
-fn name_of(key: &str, prefix: &Prefix) -> Option<String> {
-    let rest = key.strip_prefix(prefix.text())?;
-    (!mysql_looks_mapped(key) && !rest.is_empty()).then(|| rest.to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::{mysql_lock_string_for, MysqlFlavour};
-
-    #[test]
-    fn names_from_lock_strings() {
-        let p = Prefix::new("app:");
-        assert_eq!(name_of("app:report", &p).as_deref(), Some("report"));
-        assert_eq!(name_of("other:report", &p), None);
-        assert_eq!(name_of("app:", &p), None);
-        let long = "n".repeat(100);
-        for flavour in [MysqlFlavour::MariaDb, MysqlFlavour::Mysql] {
-            let key = mysql_lock_string_for(&long.as_str().into(), &p, flavour).unwrap();
-            let want = (flavour == MysqlFlavour::MariaDb).then(|| long.clone());
-            assert_eq!(name_of(&key, &p), want, "{flavour:?}");
+/// [`list`], with the names of this locker's own locks, which are known
+/// here, mapped or not, however the server shows their strings.
+pub(super) async fn list_with_own(shared: &Shared, settings: &Settings) -> Result<Vec<ListedLock>> {
+    let mut rows = list(&shared.connector, settings).await?;
+    let mine: Vec<(String, String, u64, String)> = {
+        let registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry
+            .iter()
+            .map(|(lock, r)| {
+                (
+                    mysql_as_listed(lock),
+                    lock.clone(),
+                    r.lc.server_id(),
+                    r.name.to_string(),
+                )
+            })
+            .collect()
+    };
+    for row in &mut rows {
+        let holder = u64::try_from(row.holder.pid).ok();
+        if let Some((_, lock, _, name)) = mine
+            .iter()
+            .find(|(shown, _, id, _)| Some(*id) == holder && *shown == row.key)
+        {
+            row.key = lock.clone();
+            row.name = Some(name.clone());
+        } else if row.name.is_some()
+            && mysql_maybe_cut(&row.key)
+            && !held_by(&shared.connector, &row.key, row.holder.pid).await?
+        {
+            // The server showed a cut or altered string: its name is unknown.
+            row.name = None;
         }
-        // A mapped string does not reveal its name — multi-byte heads too,
-        // which stop short of 47 characters.
-        for long in [
-            "n".repeat(300),
-            "ü".repeat(100),
-            "😀".repeat(60),
-            format!("a{}", "😀".repeat(60)),
-        ] {
-            let key = mysql_lock_string_for(&long.as_str().into(), &p, MysqlFlavour::MariaDb).unwrap();
-            assert_ne!(key, format!("app:{long}"));
-            assert_eq!(name_of(&key, &p), None, "{key:?}");
-        }
-        assert_eq!(name_of("plain", &Prefix::none()).as_deref(), Some("plain"));
     }
-
-    #[test]
-    fn listed_strings() {
-        assert_eq!(as_listed("report"), "report");
-        assert_eq!(as_listed("a😀ü"), "a????ü");
-        let long = "m".repeat(100);
-        assert_eq!(as_listed(&long), "m".repeat(64));
-        assert!(maybe_cut(&as_listed(&long)));
-        assert!(maybe_cut("a?b"));
-        assert!(!maybe_cut("report"));
-        assert!(!maybe_cut(&"m".repeat(63)));
-    }
+    Ok(rows)
 }

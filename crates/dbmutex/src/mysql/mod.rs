@@ -156,14 +156,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use tokio::sync::oneshot;
 
 use conn::{Checkout, Connector};
 use errors::{db_err, fail_err, null_err, Fail};
 use get_lock::{answer_bound, get_lock, GetLock};
 use grant::MyGrant;
-use lock_conn::{Claim, LockConn};
-use nested::{Nested, NestedEnd};
+use lock_conn::LockConn;
 use registry::Shared;
 
 use crate::core::arbiter::{Arbiter, Hold};
@@ -215,52 +213,6 @@ impl MyBackend {
             shared,
             arbiter: Arc::default(),
         })
-    }
-
-    /// The session holding `enclosing` (the innermost scoped lock of this
-    /// locker in this task), claimed for one nested acquisition. Scoped
-    /// calls of other lockers never lend their sessions: their lock strings
-    /// may equal ones this locker holds through unrelated guards.
-    fn claim_enclosing(&self, enclosing: Option<&LockName>, settings: &Settings) -> Option<Claim> {
-        let key = self.shared.lock_string(enclosing?, &settings.prefix).ok()?;
-        let registry = self.shared.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let lc: Arc<LockConn> = registry.get(&key)?.lc.clone();
-        drop(registry);
-        if lc.is_lost() {
-            return None;
-        }
-        lc.claim()
-    }
-
-    /// Waits on the enclosing scoped call's session. `Err(hold)` when that
-    /// session is gone (its scoped call is stopping): the acquisition goes
-    /// on with a connection of its own.
-    async fn wait_nested(
-        &self,
-        claim: Claim,
-        at: &Attempt<'_, Self>,
-        hold: Option<Hold<String>>,
-    ) -> std::result::Result<Result<Option<Box<dyn Grant>>>, Option<Hold<String>>> {
-        let (tx, rx) = oneshot::channel();
-        let nested = Nested {
-            shared: self.shared.clone(),
-            claim,
-            lock: at.key.clone(),
-            name: at.name.clone(),
-            deadline: at.deadline,
-            keepalive: at.settings.keepalive,
-        };
-        // A task of its own: if this acquisition is dropped midway, the task
-        // still ends the wait cleanly and gives the session back (see
-        // `Nested::run`).
-        drop(self.shared.runtime.spawn(nested.run(hold, tx)));
-        match rx.await {
-            Ok(NestedEnd::Done(r)) => Ok(r.map(|g| g.map(|g| Box::new(g) as Box<dyn Grant>))),
-            Ok(NestedEnd::Gone(hold)) => Err(hold),
-            Err(_) => Ok(Err(Error::Database(
-                "the nested MySQL acquisition task ended unexpectedly".into(),
-            ))),
-        }
     }
 
     /// `GET_LOCK` on a connection of its own (an idle one if there is one).
@@ -383,8 +335,8 @@ impl Backend for MyBackend {
     fn wait_in_server<'a>(&'a self, at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
             let mut hold = at.hold.take();
-            if let Some(claim) = self.claim_enclosing(at.enclosing.as_ref(), at.settings) {
-                match self.wait_nested(claim, at, hold).await {
+            if let Some(claim) = nested::claim_enclosing(&self.shared, at.enclosing.as_ref(), at.settings) {
+                match nested::wait(&self.shared, claim, at, hold).await {
                     Ok(r) => return r,
                     Err(back) => hold = back,
                 }
@@ -412,41 +364,6 @@ impl Backend for MyBackend {
     }
 
     fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
-        async move {
-            let mut rows = introspect::list(&self.shared.connector, settings).await?;
-            // The locks this locker holds: their names are known here, mapped
-            // or not, however the server shows their strings.
-            let mine: Vec<(String, String, u64, String)> = {
-                let held = self.shared.registry.lock().unwrap_or_else(|e| e.into_inner());
-                held.iter()
-                    .map(|(lock, r)| {
-                        (
-                            introspect::as_listed(lock),
-                            lock.clone(),
-                            r.lc.server_id(),
-                            r.name.to_string(),
-                        )
-                    })
-                    .collect()
-            };
-            for row in &mut rows {
-                let holder = u64::try_from(row.holder.pid).ok();
-                if let Some((_, lock, _, name)) = mine
-                    .iter()
-                    .find(|(shown, _, id, _)| Some(*id) == holder && *shown == row.key)
-                {
-                    row.key = lock.clone();
-                    row.name = Some(name.clone());
-                } else if row.name.is_some()
-                    && introspect::maybe_cut(&row.key)
-                    && !introspect::held_by(&self.shared.connector, &row.key, row.holder.pid).await?
-                {
-                    // The server showed a cut or altered string: its name is
-                    // unknown.
-                    row.name = None;
-                }
-            }
-            Ok(rows)
-        }
+        introspect::list_with_own(&self.shared, settings)
     }
 }

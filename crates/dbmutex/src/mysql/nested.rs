@@ -12,13 +12,66 @@ use tokio::time::Instant;
 use super::errors::{db_err, fail_err, null_err, Fail};
 use super::get_lock::{answer_bound, chunk, get_lock_once, NESTED_CHUNK};
 use super::grant::MyGrant;
-use super::lock_conn::Claim;
+use super::lock_conn::{Claim, LockConn};
 use super::registry::Shared;
 use crate::core::arbiter::Hold;
-use crate::{LockName, Result};
+use crate::core::backend::{Attempt, Backend};
+use crate::core::guard::Grant;
+use crate::settings::Settings;
+use crate::{Error, LockName, Result};
+
+/// The session holding `enclosing` (the innermost scoped lock of this
+/// locker in this task), claimed for one nested acquisition. Scoped
+/// calls of other lockers never lend their sessions: their lock strings
+/// may equal ones this locker holds through unrelated guards.
+pub(super) fn claim_enclosing(
+    shared: &Shared,
+    enclosing: Option<&LockName>,
+    settings: &Settings,
+) -> Option<Claim> {
+    let key = shared.lock_string(enclosing?, &settings.prefix).ok()?;
+    let registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
+    let lc: Arc<LockConn> = registry.get(&key)?.lc.clone();
+    drop(registry);
+    if lc.is_lost() {
+        return None;
+    }
+    lc.claim()
+}
+
+/// Waits on the enclosing scoped call's session. `Err(hold)` when that
+/// session is gone (its scoped call is stopping): the acquisition goes
+/// on with a connection of its own.
+pub(super) async fn wait<B: Backend<Key = String>>(
+    shared: &Arc<Shared>,
+    claim: Claim,
+    at: &Attempt<'_, B>,
+    hold: Option<Hold<String>>,
+) -> std::result::Result<Result<Option<Box<dyn Grant>>>, Option<Hold<String>>> {
+    let (tx, rx) = oneshot::channel();
+    let nested = Nested {
+        shared: shared.clone(),
+        claim,
+        lock: at.key.clone(),
+        name: at.name.clone(),
+        deadline: at.deadline,
+        keepalive: at.settings.keepalive,
+    };
+    // A task of its own: if this acquisition is dropped midway, the task
+    // still ends the wait cleanly and gives the session back (see
+    // `Nested::run`).
+    drop(shared.runtime.spawn(nested.run(hold, tx)));
+    match rx.await {
+        Ok(NestedEnd::Done(r)) => Ok(r.map(|g| g.map(|g| Box::new(g) as Box<dyn Grant>))),
+        Ok(NestedEnd::Gone(hold)) => Err(hold),
+        Err(_) => Ok(Err(Error::Database(
+            "the nested MySQL acquisition task ended unexpectedly".into(),
+        ))),
+    }
+}
 
 /// How a nested acquisition's task ended, sent to the acquisition.
-pub(super) enum NestedEnd {
+enum NestedEnd {
     Done(Result<Option<MyGrant>>),
     /// The enclosing session is gone: the in-process hold comes back, and
     /// the acquisition goes on with a connection of its own.
@@ -26,13 +79,13 @@ pub(super) enum NestedEnd {
 }
 
 /// A nested acquisition: `GET_LOCK` on the enclosing scoped call's session.
-pub(super) struct Nested {
-    pub(super) shared: Arc<Shared>,
-    pub(super) claim: Claim,
-    pub(super) lock: String,
-    pub(super) name: LockName,
-    pub(super) deadline: Option<Instant>,
-    pub(super) keepalive: Duration,
+struct Nested {
+    shared: Arc<Shared>,
+    claim: Claim,
+    lock: String,
+    name: LockName,
+    deadline: Option<Instant>,
+    keepalive: Duration,
 }
 
 impl Nested {
@@ -48,7 +101,7 @@ impl Nested {
     /// released, before the connection goes back to its owner. An outcome
     /// sent just as the acquisition is dropped is dropped with the channel:
     /// a [`MyGrant`] then releases itself.
-    pub(super) async fn run(self, hold: Option<Hold<String>>, mut tx: oneshot::Sender<NestedEnd>) {
+    async fn run(self, hold: Option<Hold<String>>, mut tx: oneshot::Sender<NestedEnd>) {
         let Nested {
             shared,
             claim,

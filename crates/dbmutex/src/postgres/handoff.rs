@@ -84,15 +84,10 @@ fn payload(kind: char, sender: u64, key: &PgKey) -> String {
 }
 
 fn parse(payload: &str) -> Option<(char, u64, PgKey)> {
-    let mut parts = payload.split(' ');
+    let mut parts = payload.splitn(3, ' ');
     let kind = parts.next()?.chars().next()?;
     let sender: u64 = parts.next()?.parse().ok()?;
-    let a: i64 = parts.next()?.parse().ok()?;
-    let key = match parts.next() {
-        Some(b) => PgKey::Pair(i32::try_from(a).ok()?, b.parse().ok()?),
-        None => PgKey::Big(a),
-    };
-    parts.next().is_none().then_some((kind, sender, key))
+    Some((kind, sender, PgKey::from_text(parts.next()?)?))
 }
 
 /// The lock session's handler for the channel; `me` is the locker's id.

@@ -5,7 +5,7 @@ use tokio_postgres::types::Type;
 
 use super::conn::PgConn;
 use super::errors::db_err;
-use crate::key::{pg_key, PgKey, Prefix};
+use crate::key::{name_from_comments, PgKey, Prefix};
 use crate::types::{Holder, ListedLock};
 use crate::{LockName, Mode, Result};
 
@@ -59,11 +59,7 @@ fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
     let objid: u32 = r.get(1);
     let objsubid: i16 = r.get(2);
     let mode: &str = r.get(3);
-    let key = if objsubid == 2 {
-        PgKey::Pair(classid as i32, objid as i32)
-    } else {
-        PgKey::Big(((u64::from(classid) << 32) | u64::from(objid)) as i64)
-    };
+    let key = PgKey::from_pg_locks(classid, objid, objsubid);
     let query: Option<String> = r.get(9);
     ListedLock {
         name: query.as_deref().and_then(|q| name_from_comments(q, &key, prefix)),
@@ -80,49 +76,5 @@ fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
             client: r.get(7),
             since: r.get(8),
         },
-    }
-}
-
-/// The lock name in a statement's `/* name */` comment, if it hashes to `key`
-/// (the statement may be about another lock of the same session).
-fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> Option<String> {
-    let mut rest = query;
-    while let Some(start) = rest.find("/* ") {
-        let after = &rest[start + 3..];
-        let end = after.find(" */")?;
-        let candidate = &after[..end];
-        let as_name = LockName::Str(candidate.to_owned());
-        if !candidate.is_empty() && pg_key(&as_name, prefix) == *key {
-            return Some(candidate.to_owned());
-        }
-        if let Ok(n) = candidate.parse::<i64>() {
-            if pg_key(&LockName::Int(n), prefix) == *key {
-                return Some(candidate.to_owned());
-            }
-        }
-        rest = &after[end + 3..];
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_from_comments() {
-        let p = Prefix::none();
-        let k = pg_key(&"job".into(), &p);
-        assert_eq!(
-            name_from_comments("SELECT pg_try_advisory_lock($1, $2) /* job */", &k, &p).as_deref(),
-            Some("job")
-        );
-        assert_eq!(name_from_comments("SELECT 1 /* other */", &k, &p), None);
-        let k7 = pg_key(&7i64.into(), &p);
-        assert_eq!(
-            name_from_comments("SELECT x /* a */ /* 7 */", &k7, &p).as_deref(),
-            Some("7")
-        );
-        assert_eq!(name_from_comments("/* unterminated", &k, &p), None);
     }
 }
