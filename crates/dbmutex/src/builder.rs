@@ -11,6 +11,36 @@ use crate::settings::Settings;
 use crate::types::BackendKind;
 use crate::{Error, Locker, Result};
 
+/// How a [`Locker`] is made: from a URL, a tokio-postgres `Config` or a
+/// lock directory, with default settings or through a [`LockerBuilder`].
+impl Locker {
+    /// Connects with default settings. `postgres://` / `postgresql://`,
+    /// `mysql://` / `mariadb://`, or `file:///lock/dir` for the local backend.
+    pub async fn connect(url: &str) -> Result<Locker> {
+        Self::builder(url).connect().await
+    }
+
+    /// A builder for `url` (see [`Locker::connect`] for the schemes).
+    pub fn builder(url: &str) -> LockerBuilder {
+        LockerBuilder::new(Target::Url(url.to_owned()))
+    }
+
+    /// A builder for PostgreSQL from a tokio-postgres `Config` (for callers
+    /// that already build one). TLS follows its `ssl_mode`: `disable`, or
+    /// encryption without certificate verification (libpq's `prefer` and
+    /// `require`); use a URL with `sslmode=verify-full` to verify.
+    #[cfg(feature = "postgres")]
+    pub fn pg_config_builder(config: tokio_postgres::Config) -> LockerBuilder {
+        LockerBuilder::new(Target::PgConfig(Box::new(config)))
+    }
+
+    /// A builder for the local backend: lock files under `dir`, or (`None`)
+    /// under env `DBMUTEX_LOCK_DIR`, else the host-wide `/run/lock/dbmutex`.
+    pub fn local_builder(dir: Option<PathBuf>) -> LockerBuilder {
+        LockerBuilder::new(Target::Local(dir))
+    }
+}
+
 /// Builds a [`Locker`] with non-default settings.
 #[derive(Clone, Debug)]
 pub struct LockerBuilder {

@@ -1,11 +1,9 @@
 //! The `Locker`: one entry point for every backend.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::builder::{LockerBuilder, Target};
 use crate::core::guard::LockGuard;
 use crate::core::pipeline::Engine;
 use crate::core::scope::{self, current_locks};
@@ -46,32 +44,6 @@ impl std::fmt::Debug for Locker {
 }
 
 impl Locker {
-    /// Connects with default settings. `postgres://` / `postgresql://`,
-    /// `mysql://` / `mariadb://`, or `file:///lock/dir` for the local backend.
-    pub async fn connect(url: &str) -> Result<Locker> {
-        Self::builder(url).connect().await
-    }
-
-    /// A builder for `url` (see [`Locker::connect`] for the schemes).
-    pub fn builder(url: &str) -> LockerBuilder {
-        LockerBuilder::new(Target::Url(url.to_owned()))
-    }
-
-    /// A builder for PostgreSQL from a tokio-postgres `Config` (for callers
-    /// that already build one). TLS follows its `ssl_mode`: `disable`, or
-    /// encryption without certificate verification (libpq's `prefer` and
-    /// `require`); use a URL with `sslmode=verify-full` to verify.
-    #[cfg(feature = "postgres")]
-    pub fn pg_config_builder(config: tokio_postgres::Config) -> LockerBuilder {
-        LockerBuilder::new(Target::PgConfig(Box::new(config)))
-    }
-
-    /// A builder for the local backend: lock files under `dir`, or (`None`)
-    /// under env `DBMUTEX_LOCK_DIR`, else the host-wide `/run/lock/dbmutex`.
-    pub fn local_builder(dir: Option<PathBuf>) -> LockerBuilder {
-        LockerBuilder::new(Target::Local(dir))
-    }
-
     /// Which backend this locker uses.
     pub fn backend(&self) -> BackendKind {
         self.engine.kind()

@@ -38,8 +38,13 @@ impl BackendKind {
     /// assert_eq!(BackendKind::from_url("redis://127.0.0.1"), None);
     /// ```
     pub fn from_url(url: &str) -> Option<BackendKind> {
-        let (scheme, _) = url.split_once("://")?;
-        match scheme.to_ascii_lowercase().as_str() {
+        let (scheme, _) = crate::redact::split_scheme(url)?;
+        Self::from_scheme(&scheme)
+    }
+
+    /// The backend a lowercased scheme names.
+    pub(crate) fn from_scheme(scheme: &str) -> Option<BackendKind> {
+        match scheme {
             "postgres" | "postgresql" => Some(BackendKind::Postgres),
             "mysql" | "mariadb" => Some(BackendKind::Mysql),
             "file" => Some(BackendKind::Local),

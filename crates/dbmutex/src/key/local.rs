@@ -1,7 +1,7 @@
 //! Local lock files: a [`LockName`] to the lock file's name (see the
 //! [contract](super#local-backend)).
 
-use super::{sha256_hex, text_of, LockName, Prefix};
+use super::name::{sha256_hex, text_of, LockName, Prefix};
 use crate::Error;
 
 /// The lock-file name (no directory) for `name` under `prefix` on the local backend.

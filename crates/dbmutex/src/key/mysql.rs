@@ -1,7 +1,7 @@
 //! MySQL and MariaDB lock strings: a [`LockName`] to the `GET_LOCK` string
 //! (see the [contract](super#mysql-and-mariadb)).
 
-use super::{sha256_hex, text_of, LockName, Prefix};
+use super::name::{sha256_hex, text_of, LockName, Prefix};
 use crate::Error;
 
 /// Longest lock string MySQL accepts, in characters (MySQL 8's limit); also

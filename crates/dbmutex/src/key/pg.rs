@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{LockName, Prefix};
+use super::name::{LockName, Prefix};
 
 /// A PostgreSQL advisory-lock key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -49,7 +49,7 @@ use std::fs::DirBuilder;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::io_error;
+use super::file::io_error;
 use crate::{Error, Result};
 
 /// The environment variable that names the lock directory.

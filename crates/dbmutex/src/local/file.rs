@@ -9,8 +9,13 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::{io_error, note};
-use crate::{Mode, Result};
+use super::note;
+use crate::{Error, Mode, Result};
+
+/// An I/O error whose message names what was being done, and to which path.
+pub(crate) fn io_error(context: String, e: io::Error) -> Error {
+    Error::Io(io::Error::new(e.kind(), format!("{context}: {e}")))
+}
 
 /// A descriptor on a lock file. Each holder opens its own: the OS lock
 /// belongs to the open file description, so two descriptors conflict within

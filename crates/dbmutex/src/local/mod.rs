@@ -67,16 +67,11 @@ use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result};
-use file::LockFile;
+use file::{io_error, LockFile};
 
 /// The longest sleep between two looks at a lock file held elsewhere: the
 /// worst-case delay before a waiter notices a release in another process.
 const MAX_POLL: Duration = Duration::from_millis(20);
-
-/// An I/O error whose message names what was being done, and to which path.
-fn io_error(context: String, e: io::Error) -> Error {
-    Error::Io(io::Error::new(e.kind(), format!("{context}: {e}")))
-}
 
 /// Runs file-system work on the blocking pool.
 ///

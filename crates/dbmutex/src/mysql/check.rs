@@ -34,7 +34,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 use tokio::sync::Notify;
 
-use super::get_lock::answer_bound;
+use super::conn::answer_bound;
 use super::lock_conn::LockConn;
 use super::registry::Shared;
 
@@ -203,7 +203,7 @@ async fn check_once(
     }
     for x in gone {
         if s.still_registered(&x.lock, &x.lc, x.generation) {
-            x.lc.mark_lost(s);
+            x.lc.mark_lost();
         }
     }
     Ok(())

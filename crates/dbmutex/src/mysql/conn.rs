@@ -9,12 +9,13 @@
 //! server frees its locks. Only connections known to hold nothing come back
 //! to [`Connector`]'s idle list.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
+use crate::core::detach::Undo;
 use crate::redact::{mysql_reason, redact_url};
 use crate::settings::Settings;
 use crate::{Error, Result};
@@ -36,6 +37,13 @@ pub(crate) struct Connector {
     connect_timeout: Duration,
     keepalive: Duration,
     idle: Mutex<Vec<(Conn, Instant)>>,
+}
+
+/// How long the client waits for the answer to a statement that may wait
+/// `wait` in the server before treating the session as dead.
+pub(crate) fn answer_bound(wait: Duration, keepalive: Duration) -> Duration {
+    wait.saturating_add(keepalive.saturating_mul(2))
+        .saturating_add(Duration::from_secs(2))
 }
 
 /// A connection and whether it came from the idle list (a reused
@@ -170,7 +178,7 @@ impl Connector {
     pub(crate) fn kill_bound(&self) -> Duration {
         self.connect_timeout
             .saturating_mul(2)
-            .saturating_add(super::answer_bound(Duration::ZERO, self.keepalive))
+            .saturating_add(answer_bound(Duration::ZERO, self.keepalive))
     }
 
     /// Kills connection `id` (`KILL CONNECTION`) from another connection, so
@@ -178,6 +186,18 @@ impl Connector {
     /// are freed. A connection that is already gone is fine.
     pub(crate) async fn kill(&self, id: u32) {
         self.kill_what("CONNECTION", id).await;
+    }
+
+    /// Kills session `id` (see [`Connector::kill`]) when dropped armed: a
+    /// statement may still run there that nobody waits for.
+    pub(crate) fn kill_on_drop(self: &Arc<Self>, runtime: &tokio::runtime::Handle, id: u32) -> Undo {
+        let connector = self.clone();
+        Undo::spawn(runtime, async move { connector.kill(id).await })
+    }
+
+    /// Kills session `id` in the background.
+    pub(crate) fn spawn_kill(self: &Arc<Self>, runtime: &tokio::runtime::Handle, id: u32) {
+        drop(self.kill_on_drop(runtime, id));
     }
 
     /// Ends the statement running on connection `id` (`KILL QUERY`) from

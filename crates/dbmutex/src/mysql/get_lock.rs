@@ -7,8 +7,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use tokio::time::Instant;
 
+use super::conn::{answer_bound, Connector};
 use super::errors::Fail;
-use super::registry::Shared;
 
 /// The longest single `GET_LOCK` of a wait; a longer one (or one without a
 /// bound) goes on with another. MariaDB answers 0 at once to timeouts beyond
@@ -19,13 +19,6 @@ pub(crate) const FOREVER_CHUNK: Duration = Duration::from_secs(3600);
 /// enclosing session is free for the release of its other locks and for its
 /// keepalive pings.
 pub(crate) const NESTED_CHUNK: Duration = Duration::from_secs(1);
-
-/// How long the client waits for the answer to a statement that may wait
-/// `wait` in the server before treating the session as dead.
-pub(crate) fn answer_bound(wait: Duration, keepalive: Duration) -> Duration {
-    wait.saturating_add(keepalive.saturating_mul(2))
-        .saturating_add(Duration::from_secs(2))
-}
 
 /// The timeout of the next `GET_LOCK` of a wait: what is left until
 /// `deadline` (forever when `None`), at most `cap`; and whether it is the
@@ -91,13 +84,14 @@ pub(crate) enum GetLock {
 /// wait that is still running cannot take the lock later. The same happens
 /// when the connection fails midway or gives no answer in time.
 pub(crate) async fn get_lock(
-    shared: &std::sync::Arc<Shared>,
+    connector: &std::sync::Arc<Connector>,
+    runtime: &tokio::runtime::Handle,
     conn: &mut Conn,
     lock: &str,
     deadline: Option<Instant>,
     keepalive: Duration,
 ) -> Result<GetLock, Fail> {
-    let mut kill = shared.kill_on_drop(conn.id());
+    let mut kill = connector.kill_on_drop(runtime, conn.id());
     let r = async {
         loop {
             let (wait, last) = chunk(deadline, Instant::now(), FOREVER_CHUNK);

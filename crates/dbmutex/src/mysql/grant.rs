@@ -8,8 +8,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use tokio::sync::watch;
 
+use super::conn::answer_bound;
 use super::errors::db_err;
-use super::get_lock::{answer_bound, NESTED_CHUNK};
+use super::get_lock::NESTED_CHUNK;
 use super::lock_conn::{ping_timeout, LockConn};
 use super::registry::Shared;
 use crate::core::arbiter::Hold;

@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use tokio::sync::{watch, Notify, OwnedMutexGuard};
 
-use super::registry::Shared;
+use super::conn::Connector;
 
 /// A server session holding one or more locks: the lock that opened it, and
 /// locks taken in scoped calls nested inside that one.
@@ -27,11 +27,20 @@ pub(super) struct LockConn {
     pub(super) stop: Notify,
     /// Asks the watcher to ping now rather than at the end of its period.
     poke: Notify,
+    /// Kills the session from another connection when it must end.
+    connector: Arc<Connector>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl LockConn {
     /// Wraps a connection that just took its first lock, and starts its watcher.
-    pub(super) fn start(shared: &Arc<Shared>, conn: Conn, server_id: u64, keepalive: Duration) -> Arc<Self> {
+    pub(super) fn start(
+        connector: &Arc<Connector>,
+        runtime: &tokio::runtime::Handle,
+        conn: Conn,
+        server_id: u64,
+        keepalive: Duration,
+    ) -> Arc<Self> {
         let lc = Arc::new(LockConn {
             id: conn.id(),
             server_id,
@@ -41,13 +50,10 @@ impl LockConn {
             busy: AtomicBool::new(false),
             stop: Notify::new(),
             poke: Notify::new(),
+            connector: connector.clone(),
+            runtime: runtime.clone(),
         });
-        drop(shared.runtime.spawn(watch_conn(
-            shared.clone(),
-            lc.clone(),
-            keepalive,
-            ping_timeout(keepalive),
-        )));
+        drop(runtime.spawn(watch_conn(lc.clone(), keepalive, ping_timeout(keepalive))));
         lc
     }
 
@@ -78,7 +84,7 @@ impl LockConn {
     /// lost at once, and makes sure the session ends — closed here if it is
     /// idle, else killed from another connection — so that it cannot hold
     /// anything the guards no longer claim.
-    pub(super) fn mark_lost(&self, shared: &Arc<Shared>) {
+    pub(super) fn mark_lost(&self) {
         if self.lost.send_replace(true) {
             return;
         }
@@ -89,8 +95,13 @@ impl LockConn {
         );
         match self.conn.try_lock() {
             Ok(mut slot) => drop(slot.take()),
-            Err(_) => shared.spawn_kill(self.id),
+            Err(_) => self.spawn_kill(),
         }
+    }
+
+    /// Ends the session from another connection, in the background.
+    pub(super) fn spawn_kill(&self) {
+        self.connector.spawn_kill(&self.runtime, self.id);
     }
 
     /// Claims the session for one nested acquisition; `None` if another one
@@ -173,7 +184,7 @@ impl Drop for Borrowed {
 /// Pings the session every `keepalive`; when a ping fails or gets no answer
 /// within `timeout`, closes the connection and reports its locks lost. Ends
 /// when the session is handed back or gone.
-async fn watch_conn(shared: Arc<Shared>, lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
+async fn watch_conn(lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(keepalive) => {}
@@ -192,7 +203,7 @@ async fn watch_conn(shared: Arc<Shared>, lc: Arc<LockConn>, keepalive: Duration,
                 "dbmutex: MySQL lock connection is gone; its locks are lost"
             );
             // If the server is still there, make sure the session ends.
-            shared.connector.kill(lc.id).await;
+            lc.connector.kill(lc.id).await;
             return;
         }
     }

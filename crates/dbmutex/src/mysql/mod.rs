@@ -157,9 +157,9 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 
-use conn::{Checkout, Connector};
+use conn::{answer_bound, Checkout, Connector};
 use errors::{db_err, fail_err, null_err, Fail};
-use get_lock::{answer_bound, get_lock, GetLock};
+use get_lock::{get_lock, GetLock};
 use grant::MyGrant;
 use lock_conn::LockConn;
 use registry::Shared;
@@ -196,7 +196,7 @@ impl MyBackend {
         connector.checkin(first);
         let check_wake = Arc::new(tokio::sync::Notify::new());
         let shared = Arc::new(Shared {
-            connector,
+            connector: Arc::new(connector),
             runtime: tokio::runtime::Handle::current(),
             flavour,
             registry: Mutex::default(),
@@ -225,9 +225,24 @@ impl MyBackend {
         let mut retried = false;
         loop {
             let Checkout { mut conn, reused } = self.shared.connector.checkout().await?;
-            match get_lock(&self.shared, &mut conn, lock, at.deadline, keepalive).await {
+            match get_lock(
+                &self.shared.connector,
+                &self.shared.runtime,
+                &mut conn,
+                lock,
+                at.deadline,
+                keepalive,
+            )
+            .await
+            {
                 Ok(GetLock::Acquired(server_id)) => {
-                    let lc = LockConn::start(&self.shared, conn, server_id, keepalive);
+                    let lc = LockConn::start(
+                        &self.shared.connector,
+                        &self.shared.runtime,
+                        conn,
+                        server_id,
+                        keepalive,
+                    );
                     let g = MyGrant::new(self.shared.clone(), lc, lock.clone(), name.clone(), hold);
                     return Ok(Some(Box::new(g)));
                 }

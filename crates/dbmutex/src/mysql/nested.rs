@@ -9,8 +9,9 @@ use mysql_async::prelude::Queryable;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::conn::answer_bound;
 use super::errors::{db_err, fail_err, null_err, Fail};
-use super::get_lock::{answer_bound, chunk, get_lock_once, NESTED_CHUNK};
+use super::get_lock::{chunk, get_lock_once, NESTED_CHUNK};
 use super::grant::MyGrant;
 use super::lock_conn::{Claim, LockConn};
 use super::registry::Shared;

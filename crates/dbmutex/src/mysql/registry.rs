@@ -8,13 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use super::conn::Connector;
 use super::lock_conn::LockConn;
-use crate::core::detach::Undo;
 use crate::key::{mysql_lock_string_for, MysqlFlavour, Prefix};
 use crate::{LockName, Result};
 
 /// What the backend and its guards share.
 pub(crate) struct Shared {
-    pub(super) connector: Connector,
+    pub(super) connector: Arc<Connector>,
     /// Where guards spawn their watchers and queued releases.
     pub(super) runtime: tokio::runtime::Handle,
     /// MariaDB or MySQL, from `VERSION()` at connect: their limits on lock
@@ -90,15 +89,8 @@ impl Drop for Shared {
 }
 
 impl Shared {
-    /// Kills session `id` from another connection when dropped armed (a
-    /// statement may still run there that nobody waits for).
-    pub(crate) fn kill_on_drop(self: &Arc<Self>, id: u32) -> Undo {
-        let shared = self.clone();
-        Undo::spawn(&self.runtime, async move { shared.connector.kill(id).await })
-    }
-
     /// Kills session `id` from another connection, in the background.
-    pub(crate) fn spawn_kill(self: &Arc<Self>, id: u32) {
-        drop(self.kill_on_drop(id));
+    pub(crate) fn spawn_kill(&self, id: u32) {
+        self.connector.spawn_kill(&self.runtime, id);
     }
 }

@@ -30,25 +30,8 @@
 
 use std::sync::Arc;
 
-use super::PgConn;
+use super::conn::{LockTable, PgConn};
 use crate::{Error, Result};
-
-/// What the server's lock table can hold, as its settings say.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LockTable {
-    /// `max_locks_per_transaction`.
-    pub(crate) per_transaction: u64,
-    /// `max_connections + max_prepared_transactions`.
-    pub(crate) slots: u64,
-}
-
-impl LockTable {
-    /// Table entries: `max_locks_per_transaction × (max_connections +
-    /// max_prepared_transactions)`.
-    pub(crate) fn capacity(self) -> u64 {
-        self.per_transaction * self.slots
-    }
-}
 
 /// One locker's share of the server's lock table.
 pub(crate) struct Budget {

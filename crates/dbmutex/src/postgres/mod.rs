@@ -102,7 +102,7 @@ impl PgBackend {
             skip_pooler_check: settings.skip_pooler_check,
             spares: Spares::default(),
             // Until the first connection reads the server's settings.
-            budget: budget::Budget::new(budget::LockTable {
+            budget: budget::Budget::new(conn::LockTable {
                 per_transaction: 64,
                 slots: 100,
             }),

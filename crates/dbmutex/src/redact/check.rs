@@ -1,7 +1,8 @@
 //! Refusing, before anything connects, a URL that the driver would read
 //! differently from what its author meant (see the `redact` module docs).
 
-use super::{split_scheme, UNPARSEABLE};
+use super::scheme::{split_scheme, UNPARSEABLE};
+use crate::types::BackendKind;
 use crate::{Error, Result};
 
 /// Refuses, before anything connects, a database URL that the driver would
@@ -13,9 +14,9 @@ pub(crate) fn check(url: &str) -> Result<()> {
     let Some((scheme, rest)) = split_scheme(url) else {
         return Ok(());
     };
-    let why = match scheme.as_str() {
-        "postgres" | "postgresql" => pg_ambiguity(rest),
-        "mysql" | "mariadb" => mysql_ambiguity(rest),
+    let why = match BackendKind::from_scheme(&scheme) {
+        Some(BackendKind::Postgres) => pg_ambiguity(rest),
+        Some(BackendKind::Mysql) => mysql_ambiguity(rest),
         _ => None,
     };
     match why {

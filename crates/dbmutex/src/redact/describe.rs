@@ -12,9 +12,9 @@ use super::check::mysql_ambiguity;
 #[cfg(feature = "postgres")]
 use super::check::pg_ambiguity;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use super::FIELD;
+use super::scheme::FIELD;
 #[cfg(feature = "postgres")]
-use super::PATH;
+use super::scheme::PATH;
 
 /// As [`FIELD`], but keeping `:` (IPv6 addresses, shown in brackets).
 #[cfg(any(feature = "postgres", feature = "mysql"))]

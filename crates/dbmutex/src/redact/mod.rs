@@ -28,10 +28,13 @@
 mod check;
 mod describe;
 mod reasons;
+mod scheme;
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use percent_encoding::utf8_percent_encode;
 
-use crate::{Error, Result};
+use crate::types::BackendKind;
+use scheme::PATH;
+pub(crate) use scheme::{file_url_path, split_scheme, UNPARSEABLE};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]
@@ -41,40 +44,6 @@ use describe::{describe_key_value, describe_mysql_url, describe_pg_url};
 pub(crate) use reasons::mysql_reason;
 #[cfg(feature = "postgres")]
 pub(crate) use reasons::pg_reason;
-
-/// What a description shows in place of a string that cannot be shown.
-pub(crate) const UNPARSEABLE: &str = "<unparseable connection string>";
-
-/// Characters escaped in the user, host and database names a description
-/// shows, so that a description can never be mistaken for a longer one (or
-/// forge a second line of output).
-const FIELD: &AsciiSet = &CONTROLS
-    .add(b' ')
-    .add(b'"')
-    .add(b'\'')
-    .add(b'#')
-    .add(b'%')
-    .add(b'&')
-    .add(b'/')
-    .add(b':')
-    .add(b';')
-    .add(b'<')
-    .add(b'>')
-    .add(b'=')
-    .add(b'?')
-    .add(b'@')
-    .add(b'[')
-    .add(b'\\')
-    .add(b']')
-    .add(b'`')
-    .add(b'{')
-    .add(b'|')
-    .add(b'}')
-    .add(b',')
-    .add(b'+');
-
-/// As [`FIELD`], but keeping `/` (Unix socket directories).
-const PATH: &AsciiSet = &FIELD.remove(b'/');
 
 /// A description of the database a connection string names, for messages:
 /// `postgres://user@host:port/db`, `mysql://user@host:port/db`,
@@ -90,64 +59,23 @@ const PATH: &AsciiSet = &FIELD.remove(b'/');
 /// cut out, but a description rebuilt from parsed fields.)
 pub fn redact_url(url: &str) -> String {
     match split_scheme(url) {
-        Some((scheme, rest)) => match scheme.as_str() {
-            "postgres" | "postgresql" => match describe_pg_url(rest) {
+        Some((scheme, rest)) => match BackendKind::from_scheme(&scheme) {
+            Some(BackendKind::Postgres) => match describe_pg_url(rest) {
                 Some(d) => format!("{scheme}://{d}"),
                 None => format!("{scheme}://{UNPARSEABLE}"),
             },
-            "mysql" | "mariadb" => match describe_mysql_url(rest) {
+            Some(BackendKind::Mysql) => match describe_mysql_url(rest) {
                 Some(d) => format!("{scheme}://{d}"),
                 None => format!("{scheme}://{UNPARSEABLE}"),
             },
-            "file" => match file_url_path(url) {
+            Some(BackendKind::Local) => match file_url_path(url) {
                 Ok(path) => format!("file://{}", utf8_percent_encode(&path, PATH)),
                 Err(_) => format!("file://{UNPARSEABLE}"),
             },
-            _ => format!("{scheme}://…"),
+            None => format!("{scheme}://…"),
         },
         None => describe_key_value(url).unwrap_or_else(|| UNPARSEABLE.to_owned()),
     }
-}
-
-/// The URL's scheme, lowercased, and what follows `://`; `None` unless the
-/// text before `://` is a well-formed scheme (RFC 3986: a letter, then
-/// letters, digits, `+`, `-`, `.`), so a malformed string's text is never
-/// shown as its "scheme".
-pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let mut chars = scheme.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-        && scheme.len() <= 32;
-    ok.then(|| (scheme.to_ascii_lowercase(), rest))
-}
-
-/// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
-/// with `%XX` escapes decoded. Errors do not quote the URL.
-pub(crate) fn file_url_path(url: &str) -> Result<String> {
-    let rest = url.get("file://".len()..).unwrap_or_default();
-    let rest = rest.strip_prefix("localhost").unwrap_or(rest);
-    if !rest.starts_with('/') {
-        return Err(Error::Config(
-            "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
-        ));
-    }
-    let bytes = rest.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
 }
 
 #[cfg(all(test, feature = "postgres", feature = "mysql"))]

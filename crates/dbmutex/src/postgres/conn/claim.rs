@@ -3,22 +3,8 @@
 
 use std::sync::Arc;
 
-use super::session::PgConn;
+use super::session::{Claim, LockTable, PgConn};
 use crate::{Error, Result};
-
-/// A server session marked as ours: a random token in the session-level
-/// setting `dbmutex.owner`, which only this connection's statements can
-/// have set on that session. Every lock statement and heartbeat checks it
-/// in the same statement, so a pooler that hands our next statement to
-/// another server session is caught before anything is locked there.
-pub(crate) struct Claim {
-    /// 32 hex digits.
-    pub(crate) token: String,
-    /// The claimed session's backend pid and start, to end it if we are
-    /// ever moved away from it while it holds our locks.
-    pid: i32,
-    started: String,
-}
 
 impl PgConn {
     /// Marks the server session as this connection's (see [`Claim`]), if no
@@ -56,7 +42,7 @@ impl PgConn {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
-        let _ = self.lock_table.set(crate::postgres::budget::LockTable {
+        let _ = self.lock_table.set(LockTable {
             per_transaction: setting(3).max(1),
             slots: (setting(4) + setting(5)).max(1),
         });

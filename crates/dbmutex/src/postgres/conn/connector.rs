@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Config};
 
-use super::session::PgConn;
+use super::session::{NotifyHandler, PgConn};
 use super::tls::{make_tls, Tls};
-use super::NotifyHandler;
 use crate::redact::{pg_reason, redact_url};
 use crate::settings::Settings;
 use crate::{Error, Result};
@@ -112,7 +111,7 @@ impl Connector {
 
     /// Opens a connection. `on_notify` receives `NOTIFY` messages. With
     /// `claim`, it claims its server session (see
-    /// [`Claim`](super::claim::Claim)) before it is returned; a connection
+    /// [`Claim`](super::session::Claim)) before it is returned; a connection
     /// for transaction locks needs no claim (and behind a busy pooler, a
     /// claim would wait for a free server session).
     pub(crate) async fn connect(

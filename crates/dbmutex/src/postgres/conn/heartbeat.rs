@@ -19,7 +19,7 @@ impl PgConn {
     ///
     /// Each probe of a session-lock connection also checks that it still
     /// runs on its claimed server session (see
-    /// [`Claim`](super::claim::Claim)); with `xact` (a connection whose open
+    /// [`Claim`](super::session::Claim)); with `xact` (a connection whose open
     /// transaction pins its session) it need not.
     pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);

@@ -15,10 +15,5 @@ mod heartbeat;
 mod session;
 mod tls;
 
-use std::sync::Arc;
-
 pub(crate) use connector::Connector;
-pub(crate) use session::PgConn;
-
-/// What to do with `NOTIFY` messages arriving on a connection.
-pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
+pub(crate) use session::{LockTable, NotifyHandler, PgConn};

@@ -6,12 +6,44 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, CancelToken, Client};
 
-use super::claim::Claim;
 use super::tls::Tls;
-use super::NotifyHandler;
 use crate::key::PgKey;
 use crate::postgres::sql::{self, Call};
 use crate::{LockName, Mode};
+
+/// What to do with `NOTIFY` messages arriving on a connection.
+pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// A server session marked as ours: a random token in the session-level
+/// setting `dbmutex.owner`, which only this connection's statements can
+/// have set on that session. Every lock statement and heartbeat checks it
+/// in the same statement, so a pooler that hands our next statement to
+/// another server session is caught before anything is locked there.
+pub(crate) struct Claim {
+    /// 32 hex digits.
+    pub(crate) token: String,
+    /// The claimed session's backend pid and start, to end it if we are
+    /// ever moved away from it while it holds our locks.
+    pub(super) pid: i32,
+    pub(super) started: String,
+}
+
+/// What the server's lock table can hold, as its settings say.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LockTable {
+    /// `max_locks_per_transaction`.
+    pub(crate) per_transaction: u64,
+    /// `max_connections + max_prepared_transactions`.
+    pub(crate) slots: u64,
+}
+
+impl LockTable {
+    /// Table entries: `max_locks_per_transaction × (max_connections +
+    /// max_prepared_transactions)`.
+    pub(crate) fn capacity(self) -> u64 {
+        self.per_transaction * self.slots
+    }
+}
 
 /// One server session. When its connection ends, for whatever reason, `lost`
 /// turns true at once: every lock held on it is gone.
@@ -41,7 +73,7 @@ pub(crate) struct PgConn {
     pub(super) claim: std::sync::OnceLock<Claim>,
     pub(super) claim_tried: std::sync::atomic::AtomicBool,
     /// The server's lock-table settings, read with the claim.
-    pub(crate) lock_table: std::sync::OnceLock<crate::postgres::budget::LockTable>,
+    pub(crate) lock_table: std::sync::OnceLock<LockTable>,
     /// The connector's flag: a pooler moved one of its connections.
     pub(super) pooler_seen: Arc<std::sync::atomic::AtomicBool>,
 }
