@@ -145,7 +145,6 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
     }
 
     /// The slot for `key` if some task uses it now.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn existing_slot(self: &Arc<Self>, key: &K) -> Option<SlotRef<K, X>> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots.get(key).map(|slot| SlotRef {
@@ -220,7 +219,6 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Hold<K, X> {
     }
 
     /// A reference to the slot that outlives the hold (and cleans up after).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn slot_ref(&self) -> SlotRef<K, X> {
         self.slot.clone()
     }

@@ -6,6 +6,7 @@
 //! server, if it can), hands back a [`Grant`] that releases, and answers
 //! who holds what.
 
+use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -77,7 +78,7 @@ impl<'a, T, F: Future<Output = Result<T>> + Send + 'a> Fut<'a, T> for F {}
 /// takes: the core does the rest.
 pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// The database key a name maps to (its text form is [`Backend::key_text`]).
-    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    type Key: Clone + Eq + Hash + fmt::Display + Send + Sync + 'static;
     /// Per-key state kept beside the in-process hold.
     type SlotExt: SlotExt;
     /// Room in the server admitted before the first server statement.
@@ -100,7 +101,9 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     fn key(&self, name: &LockName, settings: &Settings) -> Result<Self::Key>;
 
     /// The key as [`Locker::key_of`](crate::Locker::key_of) shows it.
-    fn key_text(&self, key: &Self::Key) -> String;
+    fn key_text(&self, key: &Self::Key) -> String {
+        key.to_string()
+    }
 
     /// The in-process arbiter.
     fn arbiter(&self) -> &Arc<Arbiter<Self::Key, Self::SlotExt>>;

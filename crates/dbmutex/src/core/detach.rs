@@ -28,7 +28,6 @@ impl Undo {
     /// Spawns `work` on `runtime` on drop: never blocks the dropping thread,
     /// needs no runtime there. If `runtime` has shut down, the work does not
     /// run (whatever it undoes went with the runtime's connections).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn spawn(
         runtime: &tokio::runtime::Handle,
         work: impl Future<Output = ()> + Send + 'static,
@@ -53,7 +52,6 @@ impl<T: Send + 'static> Undo<T> {
     }
 
     /// The action will not run (the value is dropped as it is).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn disarm(&mut self) {
         drop(self.take());
     }

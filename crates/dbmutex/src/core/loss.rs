@@ -27,7 +27,6 @@ impl LossToken {
     }
 
     /// For a lock held as long as the session `ended` reports alive.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn of(ended: watch::Receiver<bool>) -> Self {
         LossToken {
             session: Some(ended),

@@ -171,10 +171,6 @@ impl Backend for LocalBackend {
         local_file_name(name, &settings.prefix)
     }
 
-    fn key_text(&self, key: &String) -> String {
-        key.clone()
-    }
-
     fn arbiter(&self) -> &Arc<Arbiter<String>> {
         &self.arbiter
     }

@@ -9,13 +9,14 @@
 //! server frees its locks. Only connections known to hold nothing come back
 //! to [`Connector`]'s idle list.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use crate::core::detach::Undo;
+use crate::core::idle::{Idle, Reusable};
 use crate::redact::{mysql_reason, redact_url};
 use crate::settings::Settings;
 use crate::{Error, Result};
@@ -36,7 +37,13 @@ pub(crate) struct Connector {
     opts: Opts,
     connect_timeout: Duration,
     keepalive: Duration,
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    idle: Idle<Conn>,
+}
+
+impl Reusable for Conn {
+    fn alive(&self) -> bool {
+        !self.is_disconnected()
+    }
 }
 
 /// How long the client waits for the answer to a statement that may wait
@@ -80,7 +87,7 @@ impl Connector {
             opts: builder.into(),
             connect_timeout: settings.connect_timeout,
             keepalive: settings.keepalive,
-            idle: Mutex::new(Vec::new()),
+            idle: Idle::new(IDLE_MAX, Some(IDLE_TTL)),
         })
     }
 
@@ -103,17 +110,7 @@ impl Connector {
 
     /// A clean idle connection, or a new one.
     pub(crate) async fn checkout(&self) -> Result<Checkout> {
-        let reused = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            let mut found = None;
-            while let Some((c, since)) = idle.pop() {
-                if since.elapsed() < IDLE_TTL && !c.is_disconnected() {
-                    found = Some(c);
-                    break;
-                }
-            }
-            found
-        };
+        let reused = self.idle.take();
         match reused {
             Some(conn) => Ok(Checkout { conn, reused: true }),
             None => Ok(Checkout {
@@ -128,12 +125,8 @@ impl Connector {
     /// Only call this when the connection is known to hold nothing: a
     /// statement confirmed it, and no statement was interrupted.
     pub(crate) fn checkin(&self, conn: Conn) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.retain(|(c, since)| since.elapsed() < IDLE_TTL && !c.is_disconnected());
-        if idle.len() < IDLE_MAX {
-            idle.push((conn, Instant::now()));
-        }
-        // Else `conn` drops here, which closes it.
+        // Over the bound, `conn` drops, which closes it.
+        self.idle.put(conn);
     }
 
     /// Runs `f` on a clean connection that takes no lock, retrying once on a

@@ -310,10 +310,6 @@ impl Backend for MyBackend {
         self.shared.lock_string(name, &settings.prefix)
     }
 
-    fn key_text(&self, key: &String) -> String {
-        key.clone()
-    }
-
     fn arbiter(&self) -> &Arc<Arbiter<String>> {
         &self.arbiter
     }

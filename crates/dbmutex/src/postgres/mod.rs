@@ -189,10 +189,6 @@ impl Backend for PgBackend {
         Ok(pg_key(name, &settings.prefix))
     }
 
-    fn key_text(&self, key: &PgKey) -> String {
-        key.to_string()
-    }
-
     fn arbiter(&self) -> &Arc<PgArbiter> {
         &self.arbiter
     }
