@@ -556,6 +556,57 @@ async fn prepared_statements_without_name_comments() {
     g.release().await.unwrap();
 }
 
+/// `name_comments(false)` holds on dedicated connections too (server-side
+/// waits and transaction locks): neither the wait nor the unlock carries the
+/// name, while with the default both do.
+#[tokio::test]
+async fn dedicated_connections_honour_name_comments() {
+    let raw = pg_raw().await;
+    let last_query = |pid: i64| {
+        let raw = &raw;
+        async move {
+            let q: String = raw
+                .query_one(
+                    "SELECT query FROM pg_stat_activity WHERE pid = $1",
+                    &[&(pid as i32)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            q
+        }
+    };
+    for comments in [true, false] {
+        let l = Backend::Postgres
+            .connect(Locker::builder(&pg_url()).name_comments(comments))
+            .await;
+        for opts in [server_wait(None), server_wait(None).transaction(true)] {
+            let name = unique("dedicated-comment");
+            let g = l.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+            let pid = l.holders(name.as_str()).await.unwrap()[0].pid;
+            let waited = last_query(pid).await;
+            assert_eq!(
+                waited.contains(name.as_str()),
+                comments,
+                "wait statement (comments {comments}, xact {}): {waited:?}",
+                opts.is_transaction()
+            );
+            g.release().await.unwrap();
+            if !opts.is_transaction() {
+                // The unlock is the connection's last statement (it is kept
+                // idle for reuse).
+                let unlocked = last_query(pid).await;
+                assert!(unlocked.contains("unlock"), "{unlocked:?}");
+                assert_eq!(
+                    unlocked.contains(name.as_str()),
+                    comments,
+                    "unlock statement (comments {comments}): {unlocked:?}"
+                );
+            }
+        }
+    }
+}
+
 /// Dedicated connections for server-side waits are kept for reuse once
 /// their lock is confirmed released, and a reused one holds nothing.
 #[tokio::test]

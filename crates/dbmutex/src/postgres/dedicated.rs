@@ -3,7 +3,7 @@
 //! transaction lock), which may block in the server without stalling the
 //! shared lock session; and the idle connections kept for the next one.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_postgres::types::Type;
 
@@ -17,6 +17,7 @@ use super::xact::wait_xact_dedicated;
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, Grant};
+use crate::core::idle::{Idle, Reusable};
 use crate::core::loss::LossToken;
 use crate::core::wait;
 use crate::key::PgKey;
@@ -26,28 +27,28 @@ use crate::{Error, LockName, LockOptions, Mode, Result};
 /// How many idle dedicated connections a locker keeps.
 const MAX_SPARES: usize = 4;
 
+impl Reusable for Arc<PgConn> {
+    fn alive(&self) -> bool {
+        !self.is_lost()
+    }
+
+    fn discard(self) {
+        self.close();
+    }
+}
+
 /// Idle dedicated connections that hold nothing, kept for the next
 /// server-side wait.
-#[derive(Clone, Default)]
-pub(crate) struct Spares(Arc<Mutex<Vec<Arc<PgConn>>>>);
+#[derive(Clone)]
+pub(crate) struct Spares(Arc<Idle<Arc<PgConn>>>);
+
+impl Default for Spares {
+    fn default() -> Self {
+        Spares(Arc::new(Idle::new(MAX_SPARES, None)))
+    }
+}
 
 impl Spares {
-    /// Keeps `conn` for reuse if it is alive and there is room; else closes it.
-    fn put(&self, conn: Arc<PgConn>) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if !conn.is_lost() && s.len() < MAX_SPARES {
-            s.push(conn);
-        } else {
-            conn.close();
-        }
-    }
-
-    /// A live idle connection, if there is one.
-    fn get(&self) -> Option<Arc<PgConn>> {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        std::iter::from_fn(|| s.pop()).find(|c| !c.is_lost())
-    }
-
     /// Waits for `name` on a connection of its own: an idle one, else a new
     /// one (also when the idle one turns out dead: once, within what is
     /// left of the caller's bound). `ticket` is the room in the lock table
@@ -59,23 +60,24 @@ impl Spares {
         ticket: budget::Slot,
     ) -> Result<Option<Box<dyn Grant>>> {
         let (settings, name, key, deadline) = (at.settings, at.name, *at.key, at.deadline);
+        let comment = settings.name_comments;
         // The bound is what is left of the acquisition's deadline.
         let opts = &at.opts.clone().timeout_opt(wait::remaining(deadline));
-        let (conn, got) = match self.get() {
-            Some(c) => match wait_dedicated(&c, name, key, opts).await {
+        let (conn, got) = match self.0.take() {
+            Some(c) => match wait_dedicated(&c, name, key, opts, comment).await {
                 // A spare may have died unnoticed while idle.
                 Err(Error::Connect(_)) => {
                     c.close();
                     let opts = opts.clone().timeout_opt(wait::remaining(deadline));
                     let c = connector.connect(settings, None, false).await?;
-                    let got = wait_dedicated(&c, name, key, &opts).await;
+                    let got = wait_dedicated(&c, name, key, &opts, comment).await;
                     (c, got)
                 }
                 got => (c, got),
             },
             None => {
                 let c = connector.connect(settings, None, false).await?;
-                let got = wait_dedicated(&c, name, key, opts).await;
+                let got = wait_dedicated(&c, name, key, opts, comment).await;
                 (c, got)
             }
         };
@@ -86,7 +88,7 @@ impl Spares {
                     key,
                     mode: opts.mode,
                     name: name.clone(),
-                    comment: true,
+                    comment,
                 },
                 opts.transaction,
                 settings,
@@ -96,7 +98,7 @@ impl Spares {
             Ok(false) if !opts.transaction => {
                 // A refused try or a timed-out wait leaves the session clean
                 // (the timeout's implicit transaction has ended).
-                self.put(conn);
+                self.0.put(conn);
                 Ok(None)
             }
             Ok(false) => {
@@ -114,12 +116,18 @@ impl Spares {
 /// The wait on a dedicated connection, cancel-safe: if the future is dropped
 /// while a statement may still run, the statement is cancelled and the
 /// session closed.
-async fn wait_dedicated(conn: &Arc<PgConn>, name: &LockName, key: PgKey, opts: &LockOptions) -> Result<bool> {
+async fn wait_dedicated(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    comment: bool,
+) -> Result<bool> {
     let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
     let got = if opts.transaction {
-        wait_xact_dedicated(conn, name, key, opts).await
+        wait_xact_dedicated(conn, name, key, opts, comment).await
     } else {
-        wait_session_dedicated(conn, name, key, opts).await
+        wait_session_dedicated(conn, name, key, opts, comment).await
     };
     abandon.disarm();
     got
@@ -131,13 +139,21 @@ async fn wait_session_dedicated(
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    comment: bool,
 ) -> Result<bool> {
     conn.claim().await?;
     if !conn.is_claimed() {
         return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
     }
     if opts.is_try_once() {
-        let (sql, params) = sql::bound(Call::Try, false, opts.mode, &key, name, conn.owner());
+        let (sql, params) = sql::bound(
+            Call::Try,
+            false,
+            opts.mode,
+            &key,
+            comment.then_some(name),
+            conn.owner(),
+        );
         let rows = conn
             .client
             .query_typed(&sql, &params.as_typed())
@@ -149,7 +165,14 @@ async fn wait_session_dedicated(
         }
         return first_bool(&rows);
     }
-    let lock = sql::inline(Call::Wait, false, opts.mode, &key, name, conn.owner());
+    let lock = sql::inline(
+        Call::Wait,
+        false,
+        opts.mode,
+        &key,
+        comment.then_some(name),
+        conn.owner(),
+    );
     // A multi-statement simple query runs as one implicit transaction, so
     // the transaction-local settings end with it: one round trip, and the
     // session's own settings are never touched. Both are set even for an
@@ -284,7 +307,7 @@ impl Grant for DedicatedGrant {
             // Confirmed released: the session holds nothing and can serve
             // the next wait. On any doubt it is closed instead.
             if r.is_ok() {
-                spares.put(lock.conn);
+                spares.0.put(lock.conn);
             } else {
                 lock.conn.close();
             }

@@ -58,17 +58,21 @@ fn guard(xact: bool, key: &PgKey, owner: &str) -> String {
 }
 
 /// `SELECT fn($1[, $2]) WHERE <guard> /* name */` with its typed parameters,
-/// for `query_typed` (one round trip, no prepared statement). `owner` is the
+/// for `query_typed` (one round trip, no prepared statement); without the
+/// comment when `name` is `None` (name comments off). `owner` is the
 /// connection's claim token (`""` for an unclaimed one).
 pub(crate) fn bound<'a>(
     call: Call,
     xact: bool,
     mode: Mode,
     key: &PgKey,
-    name: &LockName,
+    name: Option<&LockName>,
     owner: &'a str,
 ) -> (String, Params<'a>) {
-    bound_commented(call, xact, mode, key, &key::sql_comment(name), owner)
+    match name {
+        Some(name) => bound_commented(call, xact, mode, key, &key::sql_comment(name), owner),
+        None => bound_plain(call, xact, mode, key, owner),
+    }
 }
 
 /// As [`bound`], with the comment already escaped by [`key::sql_comment`].
@@ -103,24 +107,27 @@ pub(crate) fn bound_plain<'a>(
 }
 
 /// `SELECT fn(k1, k2) WHERE <guard> /* name */` with the integers and the
-/// claim token inlined, for simple-query batches. The token is hex digits
-/// (or empty): nothing to escape.
+/// claim token inlined, for simple-query batches; without the comment when
+/// `name` is `None`. The token is hex digits (or empty): nothing to escape.
 pub(crate) fn inline(
     call: Call,
     xact: bool,
     mode: Mode,
     key: &PgKey,
-    name: &LockName,
+    name: Option<&LockName>,
     owner: &str,
 ) -> String {
     debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
-    format!(
-        "SELECT {}({}) WHERE {} /* {} */",
+    let sql = format!(
+        "SELECT {}({}) WHERE {}",
         function(call, xact, mode),
         key.sql_args(),
-        guard(xact, key, &format!("'{owner}'")),
-        key::sql_comment(name)
-    )
+        guard(xact, key, &format!("'{owner}'"))
+    );
+    match name {
+        Some(name) => format!("{sql} /* {} */", key::sql_comment(name)),
+        None => sql,
+    }
 }
 
 /// `lock_timeout` value for a wait bound: whole milliseconds, at least 1
@@ -188,7 +195,7 @@ mod tests {
             false,
             Mode::Exclusive,
             &PgKey::Pair(1, 2),
-            &"a*/b".into(),
+            Some(&"a*/b".into()),
             "ab12",
         );
         assert_eq!(
@@ -201,12 +208,17 @@ mod tests {
                 false,
                 Mode::Exclusive,
                 &PgKey::Big(-5),
-                &"x".into(),
+                Some(&"x".into()),
                 "ab12"
             ),
             "SELECT pg_advisory_lock(-5) WHERE current_setting('dbmutex.owner', true) = 'ab12' /* x */"
         );
-        assert!(inline(Call::Wait, true, Mode::Exclusive, &PgKey::Big(-5), &"x".into(), "")
+        assert_eq!(
+            inline(Call::Wait, false, Mode::Exclusive, &PgKey::Big(-5), None, "ab12"),
+            "SELECT pg_advisory_lock(-5) WHERE current_setting('dbmutex.owner', true) = 'ab12'",
+            "name comments off: no comment"
+        );
+        assert!(inline(Call::Wait, true, Mode::Exclusive, &PgKey::Big(-5), Some(&"x".into()), "")
             .starts_with("SELECT pg_advisory_xact_lock(-5) WHERE (coalesce(current_setting('dbmutex.owner', true), '') IN ('', '') OR NOT EXISTS"));
     }
 

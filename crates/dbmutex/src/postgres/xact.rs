@@ -14,15 +14,17 @@ use crate::{Error, LockName, LockOptions, Result, WaitStrategy};
 
 /// `pg_try_advisory_xact_lock*` in the open transaction of `c`, retried
 /// with backoff until `opts`' bound. `owner` is the session's claim token
-/// (empty: the caller's own connection, not claimed).
+/// (empty: the caller's own connection, not claimed); `comment`: whether
+/// the statement carries the name.
 async fn poll_xact<C: GenericClient + Sync>(
     c: &C,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
     owner: &str,
+    comment: bool,
 ) -> Result<bool> {
-    let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, name, owner);
+    let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, comment.then_some(name), owner);
     let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
         let rows = c
             .query_typed(&sql, &params.as_typed())
@@ -51,13 +53,21 @@ pub(crate) async fn wait_xact_dedicated(
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    comment: bool,
 ) -> Result<bool> {
     let c = &conn.client;
     if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
         c.batch_execute("BEGIN").await.map_err(|e| db_err(e, name))?;
-        return poll_xact(c, name, key, opts, conn.owner()).await;
+        return poll_xact(c, name, key, opts, conn.owner(), comment).await;
     }
-    let lock = sql::inline(Call::Wait, true, opts.mode, &key, name, conn.owner());
+    let lock = sql::inline(
+        Call::Wait,
+        true,
+        opts.mode,
+        &key,
+        comment.then_some(name),
+        conn.owner(),
+    );
     let batch = format!(
         "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0; {lock}; \
          SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT",
@@ -110,9 +120,9 @@ pub async fn lock_xact(
     name.validate()?;
     let key = pg_key(&name, prefix);
     if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
-        return poll_xact(tx, &name, key, opts, "").await;
+        return poll_xact(tx, &name, key, opts, "", true).await;
     }
-    let lock = sql::inline(Call::Wait, true, opts.mode, &key, &name, "");
+    let lock = sql::inline(Call::Wait, true, opts.mode, &key, Some(&name), "");
     // lock_timeout is set even for an unbounded wait (to 0): a default from
     // the role or database must not cut the wait short.
     let batch = format!(
