@@ -18,9 +18,18 @@ pub fn kind_of(url: &str) -> anyhow::Result<BackendKind> {
 /// `sslmode` gets `sslmode=disable`: the library would otherwise negotiate
 /// TLS (libpq's `prefer`) while the raw floor could not, and TLS costs about
 /// 60 µs per lock cycle on loopback, which would make the ratios meaningless.
+///
+/// The scheme is given in the drivers' own spelling (`postgres://`,
+/// `mysql://`), since the raw floors connect with the drivers directly and
+/// they accept no other.
 pub fn run_url(url: &str, kind: BackendKind) -> String {
+    let url = match (url.split_once("://"), kind) {
+        (Some((_, rest)), BackendKind::Postgres) => format!("postgres://{rest}"),
+        (Some((_, rest)), BackendKind::Mysql) => format!("mysql://{rest}"),
+        _ => url.to_owned(),
+    };
     if kind != BackendKind::Postgres || url.contains("sslmode=") {
-        return url.to_owned();
+        return url;
     }
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}sslmode=disable")
@@ -29,6 +38,16 @@ pub fn run_url(url: &str, kind: BackendKind) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drivers_get_their_own_scheme() {
+        assert_eq!(
+            run_url("POSTGRESQL://p@h/db?sslmode=require", BackendKind::Postgres),
+            "postgres://p@h/db?sslmode=require"
+        );
+        assert_eq!(run_url("MariaDB://r@h/db", BackendKind::Mysql), "mysql://r@h/db");
+        assert_eq!(run_url("FILE:///tmp/x", BackendKind::Local), "FILE:///tmp/x");
+    }
 
     #[test]
     fn plaintext_unless_asked() {

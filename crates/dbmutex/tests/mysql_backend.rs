@@ -756,3 +756,17 @@ async fn silent_partition_does_not_outlast_the_bound() {
     assert!(took < Duration::from_millis(3400 + 700), "took {took:?}");
     g.release().await.unwrap();
 }
+
+/// The scheme's case does not matter, nor `mariadb://` vs `mysql://`: the
+/// driver gets its own spelling.
+#[tokio::test]
+async fn schemes_in_any_case_connect() {
+    let url = mysql_url();
+    let rest = url.split_once("://").unwrap().1;
+    for scheme in ["MySQL", "MARIADB", "mariadb"] {
+        let l = Locker::connect(&format!("{scheme}://{rest}")).await.unwrap();
+        let name = unique("scheme-case");
+        let g = l.try_lock(name.as_str()).await.unwrap().expect("free");
+        g.release().await.unwrap();
+    }
+}

@@ -932,3 +932,16 @@ async fn a_grant_racing_the_wait_timeout_is_never_left_on_a_spare() {
         "the releases straddled the timeout"
     );
 }
+
+/// The scheme's case does not matter: the driver gets its own spelling.
+#[tokio::test]
+async fn schemes_in_any_case_connect() {
+    let url = pg_url();
+    let rest = url.split_once("://").unwrap().1;
+    for scheme in ["POSTGRES", "PostgreSQL", "postgresql"] {
+        let l = Locker::connect(&format!("{scheme}://{rest}")).await.unwrap();
+        let name = unique("scheme-case");
+        let g = l.try_lock(name.as_str()).await.unwrap().expect("free");
+        g.release().await.unwrap();
+    }
+}

@@ -131,8 +131,9 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
 }
 
 fn snapshot(s: &Shared) -> Vec<Seen> {
-    let held = s.registry.lock().unwrap_or_else(|e| e.into_inner());
-    held.iter()
+    let registry = s.registry.lock().unwrap_or_else(|e| e.into_inner());
+    registry
+        .iter()
         .filter(|(_, r)| !r.lc.is_lost())
         .map(|(lock, r)| Seen {
             lock: lock.clone(),

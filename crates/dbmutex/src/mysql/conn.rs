@@ -17,7 +17,7 @@ use mysql_async::{Conn, Opts, OptsBuilder};
 
 use crate::core::detach::Undo;
 use crate::core::idle::{Idle, Reusable};
-use crate::redact::{mysql_reason, redact_url};
+use crate::redact::{mysql_reason, redact_url, with_scheme};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -64,10 +64,7 @@ impl Connector {
     /// Parses a `mysql://` or `mariadb://` URL (mysql_async's URL syntax and
     /// parameters, e.g. `?require_ssl=true`).
     pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
-        let mysql_url = match url.strip_prefix("mariadb://") {
-            Some(rest) => format!("mysql://{rest}"),
-            None => url.to_owned(),
-        };
+        let mysql_url = with_scheme(url, "mysql");
         let opts = Opts::from_url(&mysql_url)
             .map_err(|e| Error::Config(format!("bad MySQL URL {}: {}", redact_url(url), mysql_reason(&e))))?;
         let query = url.split_once('?').map_or("", |(_, q)| q);

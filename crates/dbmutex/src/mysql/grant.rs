@@ -135,7 +135,7 @@ impl Release {
         let Some(conn) = slot.as_mut() else {
             return Err(lost());
         };
-        let last = lc.held.load(Ordering::Acquire) == 1;
+        let last = lc.grants.load(Ordering::Acquire) == 1;
         let sql = if last { RELEASE_LAST_SQL } else { RELEASE_ONE_SQL };
         let timeout = ping_timeout(Duration::ZERO);
         let answer = tokio::time::timeout(
@@ -152,7 +152,7 @@ impl Release {
         };
         match answer {
             Ok(Ok(Some((Some(1), rest)))) => {
-                lc.held.fetch_sub(1, Ordering::AcqRel);
+                lc.grants.fetch_sub(1, Ordering::AcqRel);
                 if last {
                     lc.stop.notify_one();
                     let conn = slot.take().expect("checked above");

@@ -21,7 +21,7 @@ pub(super) struct LockConn {
     server_id: u64,
     pub(super) lost: watch::Sender<bool>,
     /// Locks held on the session; changed only under `conn`'s mutex.
-    pub(super) held: AtomicUsize,
+    pub(super) grants: AtomicUsize,
     /// A nested acquisition is using the session.
     busy: AtomicBool,
     pub(super) stop: Notify,
@@ -46,7 +46,7 @@ impl LockConn {
             server_id,
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
             lost: watch::channel(false).0,
-            held: AtomicUsize::new(1),
+            grants: AtomicUsize::new(1),
             busy: AtomicBool::new(false),
             stop: Notify::new(),
             poke: Notify::new(),
@@ -166,7 +166,7 @@ impl Borrowed {
     /// more lock on it.
     pub(super) fn give_back(mut self, took_lock: bool) {
         if took_lock {
-            self.lc.held.fetch_add(1, Ordering::AcqRel);
+            self.lc.grants.fetch_add(1, Ordering::AcqRel);
         }
         *self.guard = self.conn.take();
     }

@@ -162,11 +162,11 @@ impl Nested {
                 }
                 Ok(Some(1)) => {
                     borrowed.give_back(true);
-                    let held = MyGrant::new(shared.clone(), claim.lock_conn().clone(), lock, name, hold);
+                    let grant = MyGrant::new(shared.clone(), claim.lock_conn().clone(), lock, name, hold);
                     // The session is free for the caller's next nested
                     // acquisition before the caller hears of this one.
                     drop(claim);
-                    send(tx, Ok(Some(held)));
+                    send(tx, Ok(Some(grant)));
                     return;
                 }
                 Ok(Some(_)) => {

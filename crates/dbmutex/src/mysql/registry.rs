@@ -41,8 +41,8 @@ pub(crate) struct Registered {
 impl Shared {
     pub(super) fn remember(&self, lock: &str, lc: &Arc<LockConn>, name: &LockName) {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
-        let mut held = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        held.insert(
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.insert(
             lock.to_owned(),
             Registered {
                 lc: lc.clone(),
@@ -50,16 +50,16 @@ impl Shared {
                 name: name.clone(),
             },
         );
-        drop(held);
+        drop(registry);
         self.check_wake.notify_one();
     }
 
     /// Called before the release's `RELEASE_LOCK` is sent: the loss check
     /// trusts an answer about a lock only while it is still registered.
     pub(super) fn forget(&self, lock: &str, lc: &Arc<LockConn>) {
-        let mut held = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        if held.get(lock).is_some_and(|h| Arc::ptr_eq(&h.lc, lc)) {
-            held.remove(lock);
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if registry.get(lock).is_some_and(|h| Arc::ptr_eq(&h.lc, lc)) {
+            registry.remove(lock);
         }
     }
 
@@ -69,8 +69,9 @@ impl Shared {
 
     /// Whether `lock` is still registered as the loss check saw it.
     pub(super) fn still_registered(&self, lock: &str, lc: &Arc<LockConn>, generation: u64) -> bool {
-        let held = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        held.get(lock)
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry
+            .get(lock)
             .is_some_and(|r| Arc::ptr_eq(&r.lc, lc) && r.generation == generation)
     }
 

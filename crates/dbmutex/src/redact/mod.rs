@@ -34,7 +34,7 @@ use percent_encoding::utf8_percent_encode;
 
 use crate::types::BackendKind;
 use scheme::PATH;
-pub(crate) use scheme::{file_url_path, split_scheme, UNPARSEABLE};
+pub(crate) use scheme::{file_url_path, split_scheme, with_scheme, UNPARSEABLE};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]

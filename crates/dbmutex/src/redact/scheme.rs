@@ -52,6 +52,16 @@ pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
     ok.then(|| (scheme.to_ascii_lowercase(), rest))
 }
 
+/// `url` with its scheme replaced by `scheme` (the drivers know only their
+/// own, lowercase spelling: `POSTGRES://` and `mariadb://` must reach them
+/// as `postgres://` and `mysql://`). Unchanged when `url` has no scheme.
+pub(crate) fn with_scheme(url: &str, scheme: &str) -> String {
+    match split_scheme(url) {
+        Some((_, rest)) => format!("{scheme}://{rest}"),
+        None => url.to_owned(),
+    }
+}
+
 /// The path of a `file://` URL: `file:///dir` or `file://localhost/dir`,
 /// with `%XX` escapes decoded. Errors do not quote the URL.
 pub(crate) fn file_url_path(url: &str) -> Result<String> {

@@ -7,7 +7,7 @@ use tokio_postgres::{Client, Config};
 
 use super::session::{NotifyHandler, PgConn};
 use super::tls::{make_tls, Tls};
-use crate::redact::{pg_reason, redact_url};
+use crate::redact::{pg_reason, redact_url, with_scheme};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -27,7 +27,8 @@ impl Connector {
     /// certificate; `verify-ca` and `verify-full` verify it (against
     /// `sslrootcert` if given, else the Mozilla roots) and the host name.
     pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let lower = with_scheme(url, "postgres");
+        let (base, query) = lower.split_once('?').unwrap_or((&lower, ""));
         let mut kept = Vec::new();
         let mut sslmode = "prefer".to_owned();
         let mut rootcert = None;
