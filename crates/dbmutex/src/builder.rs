@@ -145,8 +145,11 @@ impl LockerBuilder {
     /// comment (default `true`, as the gem does): `pg_stat_activity` and
     /// `dbmutex list` then show which name a session locked last. The
     /// comment makes each statement's text unique, so it runs unprepared
-    /// (one round trip, parsed each time); with `false`, lock statements are
-    /// prepared once per connection, which is cheaper for the server. See
+    /// (one round trip, parsed each time); with `false`, no statement
+    /// carries the name (server-side waits and transaction locks included),
+    /// and polling lock statements are prepared once per connection, which
+    /// is cheaper for the server. [`postgres::lock_xact`](crate::postgres::lock_xact)
+    /// in your own transaction always carries it, as the gem does. See
     /// BENCHMARKS.md for what the comment costs.
     pub fn name_comments(mut self, on: bool) -> Self {
         self.settings.name_comments = on;
