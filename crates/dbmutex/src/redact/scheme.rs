@@ -55,6 +55,7 @@ pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
 /// `url` with its scheme replaced by `scheme` (the drivers know only their
 /// own, lowercase spelling: `POSTGRES://` and `mariadb://` must reach them
 /// as `postgres://` and `mysql://`). Unchanged when `url` has no scheme.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn with_scheme(url: &str, scheme: &str) -> String {
     match split_scheme(url) {
         Some((_, rest)) => format!("{scheme}://{rest}"),
