@@ -3,6 +3,7 @@
 
 mod backend;
 mod clients;
+mod fairness;
 mod floor;
 mod probe;
 mod raw;
@@ -45,9 +46,11 @@ struct Cli {
     /// Seconds hold-many holds them.
     #[arg(long, default_value_t = 2.0)]
     hold_secs: f64,
-    /// How contended waiters wait: client-side polling on the shared session,
-    /// or blocking in the server on a dedicated connection each.
-    #[arg(long, value_enum, default_value_t = Strategy::Poll)]
+    /// How waiters wait: the library's default (one try on the shared
+    /// session, then a wait in the server), client-side polling on the
+    /// shared session, or blocking in the server on a dedicated connection
+    /// each.
+    #[arg(long, value_enum, default_value_t = Strategy::Default)]
     strategy: Strategy,
     /// Lockers (separate server sessions, like separate processes) that the
     /// tasks of contended and many-keys are spread over.
@@ -78,10 +81,18 @@ enum Scenario {
     Contended,
     ManyKeys,
     HoldMany,
+    /// Two lockers re-requesting one lock after 1 ms holds: share of
+    /// hand-offs between them, longest wait.
+    Fairness,
+    /// A raw-SQL holder (as the gem or psql): hand-off to a dbmutex waiter,
+    /// and to a raw `pg_advisory_lock` waiter (PostgreSQL).
+    Foreign,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Strategy {
+    /// `WaitStrategy::TryThenServer`, the library's default.
+    Default,
     Poll,
     Server,
 }
@@ -125,6 +136,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             locks: cli.locks,
             hold: Duration::from_secs_f64(cli.hold_secs),
             strategy: match cli.strategy {
+                Strategy::Default => WaitStrategy::default(),
                 Strategy::Poll => WaitStrategy::Poll,
                 Strategy::Server => WaitStrategy::Server,
             },
@@ -134,7 +146,18 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         },
     };
     let plan = match (cli.scenario, kind) {
-        (Scenario::All, BackendKind::Local) => vec![Scenario::Uncontended, Scenario::Contended],
+        (Scenario::All, BackendKind::Local) => {
+            vec![Scenario::Uncontended, Scenario::Contended, Scenario::Fairness]
+        }
+        (Scenario::All, BackendKind::Mysql) => vec![
+            Scenario::Rtt,
+            Scenario::Floor,
+            Scenario::Uncontended,
+            Scenario::Contended,
+            Scenario::ManyKeys,
+            Scenario::HoldMany,
+            Scenario::Fairness,
+        ],
         (Scenario::All, _) => vec![
             Scenario::Rtt,
             Scenario::Floor,
@@ -142,9 +165,16 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Scenario::Contended,
             Scenario::ManyKeys,
             Scenario::HoldMany,
+            Scenario::Fairness,
+            Scenario::Foreign,
         ],
-        (Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys, BackendKind::Local) => {
-            anyhow::bail!("the local backend runs uncontended and contended only (no server to measure)")
+        (
+            Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys | Scenario::Foreign,
+            BackendKind::Local,
+        ) => {
+            anyhow::bail!(
+                "the local backend runs uncontended, contended and fairness only (no server to measure)"
+            )
         }
         (s, _) => vec![s],
     };
@@ -177,6 +207,8 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
         Scenario::Contended => vec![scenarios::contended(env).await?],
         Scenario::ManyKeys => vec![scenarios::many_keys(env).await?],
         Scenario::HoldMany => vec![scenarios::hold_many(env).await?],
+        Scenario::Fairness => vec![fairness::fairness(env).await?],
+        Scenario::Foreign => fairness::foreign(env).await?,
         Scenario::All => unreachable!("expanded into a plan"),
     })
 }

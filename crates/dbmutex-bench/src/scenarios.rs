@@ -72,7 +72,7 @@ impl Env {
     }
 
     /// `n` lockers (separate server sessions, like `n` processes).
-    async fn lockers(&self, app: &str, n: usize, max_locks: usize) -> anyhow::Result<Vec<Locker>> {
+    pub async fn lockers(&self, app: &str, n: usize, max_locks: usize) -> anyhow::Result<Vec<Locker>> {
         let mut v = Vec::with_capacity(n);
         for _ in 0..n.max(1) {
             let l = Locker::builder(&self.url)
@@ -96,7 +96,7 @@ impl Env {
         names.iter().map(|n| Ok(locker.key_of(n.as_str())?)).collect()
     }
 
-    fn row(&self, scenario: &'static str, clients: usize, lat: Latencies, seconds: f64) -> Row {
+    pub fn row(&self, scenario: &'static str, clients: usize, lat: Latencies, seconds: f64) -> Row {
         let mut row = Row::new(scenario, self.kind.as_str(), clients, lat, seconds);
         if !self.p.name_comments && self.kind == BackendKind::Postgres {
             row.set("name_comments", false);
@@ -325,10 +325,11 @@ pub async fn hold_many(env: &Env) -> anyhow::Result<Row> {
     Ok(row)
 }
 
-/// `poll` or `server`.
+/// `try-then-server` (the default), `poll` or `server`.
 pub fn strategy_name(s: WaitStrategy) -> &'static str {
     match s {
         WaitStrategy::Server => "server",
-        _ => "poll",
+        WaitStrategy::Poll => "poll",
+        _ => "try-then-server",
     }
 }

@@ -3,7 +3,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use dbmutex::{BackendKind, LockGuard, LockOptions, Locker, Mode, WaitStrategy};
+use dbmutex::{BackendKind, LockGuard, LockOptions, Locker, Mode};
 use tokio::process::Child;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -200,33 +200,17 @@ async fn connect_and_take(
     Ok(guard.map(|g| (locker.clone(), g)))
 }
 
-/// Takes the lock within `wait`: one cheap attempt on the locker's shared
-/// session first, then (if that failed and a wait is allowed) a wait in the
-/// server, which hands the lock over the moment it is released.
+/// Takes the lock within `wait` with the library's default strategy: one
+/// cheap attempt on the locker's shared session, then (if that failed and a
+/// wait is allowed) a wait in the server, which hands the lock over the
+/// moment it is released.
 async fn acquire(
     locker: &Locker,
     name: &str,
     opts: LockOptions,
     wait: Option<Duration>,
 ) -> Result<Option<LockGuard>, dbmutex::Error> {
-    let start = Instant::now();
-    // A transaction lock needs a connection of its own anyway: no point in
-    // a first attempt that would open and close one.
-    if !opts.is_transaction() || wait == Some(Duration::ZERO) {
-        if let Some(g) = locker
-            .acquire(name, &opts.clone().timeout(Duration::ZERO))
-            .await?
-        {
-            return Ok(Some(g));
-        }
-        if wait == Some(Duration::ZERO) {
-            return Ok(None);
-        }
-    }
-    let rest = wait.map(|w| w.saturating_sub(start.elapsed()));
-    locker
-        .acquire(name, &opts.timeout_opt(rest).wait_strategy(WaitStrategy::Server))
-        .await
+    locker.acquire(name, &opts.timeout_opt(wait)).await
 }
 
 /// How the command's run ended.

@@ -1270,6 +1270,55 @@ fn transaction_lock(b: &Backend) {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
 
+/// `dbmutex run NAME -- CMD` holds one server connection while the command
+/// runs (PostgreSQL: the pooler check's second connection is closed once
+/// the check is done), and none after.
+fn run_uses_one_connection(b: &Backend) {
+    let name = b.name("one-conn");
+    let app = format!("dbmutex-one-conn-{}", unique());
+    let url = b.url.as_deref().expect("postgres");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let count = || {
+        b.sql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}'"
+        ))
+    };
+    let mut holder = b
+        .cmd(&["run", &name, "--", "sleep", "30"])
+        .env(
+            "DBMUTEX_DATABASE_URL",
+            format!("{url}{sep}application_name={app}"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(|c| Proc(Some(c)))
+        .expect("start dbmutex");
+    assert!(
+        eventually(Duration::from_secs(15), || b
+            .run(&["status", &name])
+            .status
+            .code()
+            == Some(1)),
+        "the lock is held"
+    );
+    // Let the connect-time check's second connection go away, then look
+    // twice: the count must stay at one.
+    assert!(
+        eventually(Duration::from_secs(5), || count() == "1"),
+        "one connection while the command runs, found {}",
+        count()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(count(), "1", "still one");
+    holder.signal(libc::SIGTERM);
+    holder.finish();
+    assert!(
+        eventually(Duration::from_secs(5), || count() == "0"),
+        "none after"
+    );
+}
+
 /// A lock directory that cannot be created is an error before the command.
 fn unusable_lock_dir_exits_69(b: &Backend) {
     let out = b
@@ -1570,7 +1619,7 @@ backend_tests! {
         kill_9_stops_the_whole_tree,
         leftovers_stopped_before_release,
     ]
-    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock],
+    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection],
     mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64],
     local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
 }

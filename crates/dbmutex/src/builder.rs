@@ -74,6 +74,12 @@ impl std::fmt::Debug for Target {
 /// makes every session's queries fail.
 pub const DEFAULT_MAX_LOCKS: usize = 4096;
 
+/// The default bound on names a locker waits for in the server at once (see
+/// [`LockerBuilder::max_server_waits`]): with PostgreSQL's default of 100
+/// connections, a dozen processes contending on many names at once still
+/// leave room for everything else.
+pub const DEFAULT_MAX_SERVER_WAITS: usize = 8;
+
 impl LockerBuilder {
     pub(crate) fn new(target: Target) -> Self {
         LockerBuilder {
@@ -85,6 +91,7 @@ impl LockerBuilder {
                 connect_timeout: Duration::from_secs(5),
                 application_name: "dbmutex".into(),
                 name_comments: true,
+                max_server_waits: DEFAULT_MAX_SERVER_WAITS,
                 skip_pooler_check: false,
             },
         }
@@ -141,18 +148,33 @@ impl LockerBuilder {
         self
     }
 
-    /// Whether PostgreSQL lock statements carry the lock name in an SQL
-    /// comment (default `true`, as the gem does): `pg_stat_activity` and
-    /// `dbmutex list` then show which name a session locked last. The
-    /// comment makes each statement's text unique, so it runs unprepared
-    /// (one round trip, parsed each time); with `false`, no statement
-    /// carries the name (server-side waits and transaction locks included),
-    /// and polling lock statements are prepared once per connection, which
-    /// is cheaper for the server. [`postgres::lock_xact`](crate::postgres::lock_xact)
-    /// in your own transaction always carries it, as the gem does. See
-    /// BENCHMARKS.md for what the comment costs.
+    /// Whether PostgreSQL shows lock names in SQL comments (default `true`,
+    /// as the gem does), where they are seen: a statement that waits in the
+    /// server carries the name (so `pg_stat_activity` shows who waits for
+    /// what), and the lock session's keepalive probe carries the name of its
+    /// last lock (so `pg_stat_activity` and `dbmutex list` name it once the
+    /// session has been quiet for the [`keepalive`](Self::keepalive) period).
+    /// The lock session's try and unlock statements never carry it: they are
+    /// prepared once per connection, and cost what a raw prepared
+    /// `pg_try_advisory_lock` does (a comment made each statement's text
+    /// unique, parsed every time: 0.59 × the raw floor, BENCHMARKS.md). With
+    /// `false`, no statement carries a name.
+    /// [`postgres::lock_xact`](crate::postgres::lock_xact) in your own
+    /// transaction always carries it.
     pub fn name_comments(mut self, on: bool) -> Self {
         self.settings.name_comments = on;
+        self
+    }
+
+    /// The most names this locker (and its clones) waits for in the server at
+    /// once under the default [`WaitStrategy::TryThenServer`](crate::WaitStrategy::TryThenServer)
+    /// (default [`DEFAULT_MAX_SERVER_WAITS`]). Each such wait, and the lock it
+    /// then holds, takes a server connection of its own until released; past
+    /// the bound, waiters poll on the shared lock session instead. PostgreSQL
+    /// only (MySQL holds every lock on a connection of its own anyway; the
+    /// local backend always polls). `0` makes every wait poll.
+    pub fn max_server_waits(mut self, n: usize) -> Self {
+        self.settings.max_server_waits = n;
         self
     }
 

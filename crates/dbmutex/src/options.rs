@@ -25,11 +25,29 @@ impl Mode {
 
 /// How a waiter waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum WaitStrategy {
+    /// The default. One try on the locker's shared lock session (the
+    /// cheapest way when the lock is free), then a wait in the server's
+    /// queue as [`WaitStrategy::Server`] does: fair between processes
+    /// (the server hands the lock to the longest waiter), woken the moment
+    /// any holder releases (the gem, psql, another dbmutex), with deadlock
+    /// detection on PostgreSQL. Tasks of one process queue first come, first
+    /// served in the process, so at most one per name waits in the server.
+    /// A PostgreSQL locker waits in the server for at most
+    /// [`LockerBuilder::max_server_waits`](crate::LockerBuilder::max_server_waits)
+    /// names at once (each such wait, and the lock it gets, takes a
+    /// connection of its own); past that it polls as [`WaitStrategy::Poll`].
+    /// The local backend always polls; MySQL always waits in the server.
+    #[default]
+    TryThenServer,
     /// Try, then retry with jittered, growing backoff (capped at
     /// [`LockOptions::max_backoff`]), woken early when a task of this process
-    /// releases. Costs the server nothing while waiting; no deadlock detection.
-    #[default]
+    /// releases (and, on PostgreSQL, when a releasing dbmutex process says
+    /// so). Costs the server nothing while waiting and uses no extra
+    /// connection; no deadlock detection, and not fair: a process that
+    /// releases and asks again at once may take the lock again before a
+    /// polling waiter elsewhere looks.
     Poll,
     /// Block in the server (`pg_advisory_lock`, `GET_LOCK`) on a dedicated
     /// connection: the server queues waiters, hands the lock over the moment
@@ -38,7 +56,8 @@ pub enum WaitStrategy {
     Server,
 }
 
-/// Options for one acquisition. The default: exclusive, wait forever, poll.
+/// Options for one acquisition. The default: exclusive, wait forever,
+/// [`WaitStrategy::TryThenServer`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -64,14 +83,14 @@ impl Default for LockOptions {
             timeout: None,
             mode: Mode::Exclusive,
             transaction: false,
-            strategy: WaitStrategy::Poll,
+            strategy: WaitStrategy::TryThenServer,
             max_backoff: Duration::from_millis(100),
         }
     }
 }
 
 impl LockOptions {
-    /// Exclusive, wait forever, poll.
+    /// Exclusive, wait forever, [`WaitStrategy::TryThenServer`].
     pub fn new() -> Self {
         Self::default()
     }

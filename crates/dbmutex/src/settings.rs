@@ -13,6 +13,10 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) application_name: String,
     pub(crate) name_comments: bool,
+    /// The most names a locker waits for in the server at once under
+    /// `WaitStrategy::TryThenServer` (each such wait, and the lock it gets,
+    /// takes a connection of its own).
+    pub(crate) max_server_waits: usize,
     /// Tests only: skip the connect-time pooler check, so the per-statement
     /// session checks meet a pooler alone.
     pub(crate) skip_pooler_check: bool,

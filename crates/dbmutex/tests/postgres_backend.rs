@@ -232,7 +232,11 @@ async fn gem_interop() {
 #[tokio::test]
 async fn statements_carry_the_name_and_holders_are_described() {
     let l = Backend::Postgres
-        .connect(Locker::builder(&pg_url()).application_name("dbmutex-test-app"))
+        .connect(
+            Locker::builder(&pg_url())
+                .application_name("dbmutex-test-app")
+                .keepalive(Duration::from_millis(100)),
+        )
         .await;
     let name = unique("comment */ sneaky /* part");
     let g = l.lock(name.as_str()).await.unwrap();
@@ -244,16 +248,53 @@ async fn statements_carry_the_name_and_holders_are_described() {
     assert!(h.client.as_deref().unwrap().starts_with("127.0.0.1:"), "{h:?}");
     assert!(h.since.is_some());
     let raw = pg_raw().await;
-    let q: String = raw
-        .query_one(
-            "SELECT query FROM pg_stat_activity WHERE pid = $1",
-            &[&(h.pid as i32)],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(q.contains("comment -- sneaky -- part"), "escaped name in {q:?}");
+    let query = || async {
+        let q: String = raw
+            .query_one(
+                "SELECT query FROM pg_stat_activity WHERE pid = $1",
+                &[&(h.pid as i32)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        q
+    };
+    // The lock statement is prepared and nameless (it costs what a raw one
+    // does); the session's keepalive probe, once it has been quiet for the
+    // keepalive period, carries the escaped name.
+    let first = query().await;
+    assert!(!first.contains("sneaky"), "the try carries no name: {first:?}");
+    assert!(
+        common::eventually(Duration::from_secs(3), || async {
+            query().await.contains("comment -- sneaky -- part")
+        })
+        .await,
+        "escaped name in the keepalive probe: {:?}",
+        query().await
+    );
+    // A wait in the server carries the name in its statement.
+    let waiter = Backend::Postgres.locker().await;
+    let w = tokio::spawn({
+        let (waiter, name) = (waiter.clone(), name.clone());
+        async move { waiter.lock(name.as_str()).await.unwrap() }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(3), || async {
+            raw.query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE '%comment -- sneaky -- part%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 1
+        })
+        .await,
+        "the waiting statement shows the name"
+    );
     g.release().await.unwrap();
+    w.await.unwrap().release().await.unwrap();
 }
 
 /// A hostile name cannot execute SQL: names only ever reach the server as

@@ -177,6 +177,33 @@ async fn introspection_shows_only_what_the_role_may_see() {
 
     let key_theirs = owner.key_of(theirs.as_str()).unwrap();
     let key_mine = viewer.key_of(mine.as_str()).unwrap();
+    // Lock statements are prepared and carry no name; a lock session's
+    // keepalive probe carries its last lock's name once the session has been
+    // quiet for the keepalive period (1 s here).
+    let named = |l: &Locker, key: String| {
+        let l = l.clone();
+        async move {
+            common::eventually(Duration::from_secs(5), || {
+                let (l, key) = (l.clone(), key.clone());
+                async move {
+                    l.list()
+                        .await
+                        .unwrap()
+                        .iter()
+                        .any(|x| x.key == key && x.name.is_some())
+                }
+            })
+            .await
+        }
+    };
+    assert!(
+        named(&owner, key_mine.clone()).await,
+        "the viewer's lock is named in time"
+    );
+    assert!(
+        named(&owner, key_theirs.clone()).await,
+        "the owner's lock is named in time"
+    );
     let seen = viewer.list().await.unwrap();
     let t = seen
         .iter()
@@ -195,9 +222,11 @@ async fn introspection_shows_only_what_the_role_may_see() {
     let h = viewer.holders(theirs.as_str()).await.unwrap();
     assert_eq!(h.len(), 1, "{h:?}");
 
-    // The superuser sees both names.
-    let all = owner.list().await.unwrap();
+    // The superuser sees both names (the viewer's once its session has been
+    // quiet again for the keepalive period: its own list just ran there).
     for (k, n) in [(&key_theirs, &theirs), (&key_mine, &mine)] {
+        assert!(named(&owner, k.clone()).await, "{n} named in time");
+        let all = owner.list().await.unwrap();
         let l = all.iter().find(|l| &l.key == k).expect("listed");
         assert_eq!(l.name.as_deref(), Some(n.as_str()));
     }

@@ -4,10 +4,17 @@
 //! The server cannot tell two tasks on one session apart (its locks are
 //! re-entrant per session), so exclusion between those tasks happens here,
 //! before the server is asked. Waiting here costs the server nothing.
+//!
+//! **First come, first served.** Waiters queue in arrival order; a release
+//! hands the hold straight to the head of the queue (and to every shared
+//! waiter right behind a shared head), so no task overtakes one that waits
+//! longer, and only the head of each key's queue asks the server.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
+
+use std::collections::VecDeque;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -31,8 +38,6 @@ impl SlotExt for () {}
 #[derive(Default)]
 pub(crate) struct Slot<X = ()> {
     state: Mutex<State>,
-    /// Woken when an in-process holder releases.
-    pub(crate) local: Notify,
     /// Tasks waiting for the in-process hold now.
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
     /// The backend's own per-key state.
@@ -55,10 +60,19 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// One queued waiter: granted by the releaser, which then wakes it.
+struct Queued {
+    mode: Mode,
+    granted: std::sync::atomic::AtomicBool,
+    wake: Notify,
+}
+
 #[derive(Default)]
 struct State {
     exclusive: bool,
     shared: u32,
+    /// Waiters in arrival order.
+    queue: VecDeque<Arc<Queued>>,
 }
 
 impl State {
@@ -75,6 +89,52 @@ impl State {
         match mode {
             Mode::Exclusive => self.exclusive = false,
             Mode::Shared => self.shared = self.shared.saturating_sub(1),
+        }
+        self.grant_queued();
+    }
+
+    /// Hands the hold to the head of the queue while it can take it: one
+    /// exclusive waiter, or every shared waiter up to the next exclusive one.
+    fn grant_queued(&mut self) {
+        while let Some(head) = self.queue.front() {
+            if !self.try_take(head.mode) {
+                break;
+            }
+            let head = self.queue.pop_front().expect("checked");
+            head.granted.store(true, std::sync::atomic::Ordering::SeqCst);
+            head.wake.notify_one();
+        }
+    }
+
+    /// A waiter leaves (deadline, cancelled): out of the queue, or, if it was
+    /// granted meanwhile, the hold goes to the next.
+    fn leave(&mut self, q: &Arc<Queued>) {
+        if q.granted.load(std::sync::atomic::Ordering::SeqCst) {
+            self.give_back(q.mode);
+        } else if let Some(i) = self.queue.iter().position(|e| Arc::ptr_eq(e, q)) {
+            self.queue.remove(i);
+            // An exclusive head that leaves may let shared waiters behind it go.
+            self.grant_queued();
+        }
+    }
+}
+
+/// A queued waiter's place; leaves the queue (or passes a grant it did not
+/// take on) when dropped.
+struct Place<'a, X> {
+    slot: &'a Slot<X>,
+    q: Arc<Queued>,
+    taken: bool,
+}
+
+impl<X> Drop for Place<'_, X> {
+    fn drop(&mut self) {
+        if !self.taken {
+            self.slot
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .leave(&self.q);
         }
     }
 }
@@ -106,7 +166,7 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Drop for SlotRef<K, X> {
         // Two references: the table's and ours.
         if Arc::strong_count(&self.slot) == 2 {
             let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.exclusive && st.shared == 0 && self.slot.ext.idle() {
+            if !st.exclusive && st.shared == 0 && st.queue.is_empty() && self.slot.ext.idle() {
                 drop(st);
                 slots.remove(&self.key);
             }
@@ -169,33 +229,54 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
             key: key.clone(),
             slot: self.slot(key),
         };
-        let try_take = |slot: &Slot<X>| {
-            slot.state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .try_take(mode)
-        };
-        let mut waiting = None;
-        let took = loop {
-            let notified = slot.slot.local.notified();
-            tokio::pin!(notified);
-            // Register before checking, so a release in between is not missed.
-            notified.as_mut().enable();
-            if try_take(&slot.slot) {
-                break true;
+        let place = {
+            let mut st = slot.slot.state.lock().unwrap_or_else(|e| e.into_inner());
+            // Nobody queued: take it now if free. Else join the queue, even
+            // when the hold could be shared now: no overtaking.
+            if st.queue.is_empty() && st.try_take(mode) {
+                None
+            } else {
+                let q = Arc::new(Queued {
+                    mode,
+                    granted: false.into(),
+                    wake: Notify::new(),
+                });
+                st.queue.push_back(q.clone());
+                Some(q)
             }
-            waiting.get_or_insert_with(|| Waiting::new(&slot.slot.waiting));
-            match deadline {
-                None => notified.await,
-                Some(d) => {
-                    if Instant::now() >= d || tokio::time::timeout_at(d, notified).await.is_err() {
-                        // One last look at the deadline, then give up.
-                        break try_take(&slot.slot);
+        };
+        let took = match place {
+            None => true,
+            Some(q) => {
+                let _waiting = Waiting::new(&slot.slot.waiting);
+                let mut place = Place {
+                    slot: &slot.slot,
+                    q,
+                    taken: false,
+                };
+                let granted = |q: &Queued| q.granted.load(std::sync::atomic::Ordering::SeqCst);
+                loop {
+                    if granted(&place.q) {
+                        break;
+                    }
+                    // `notify_one` keeps a permit: a grant between the check
+                    // and the wait is not missed.
+                    let woken = place.q.wake.notified();
+                    match deadline {
+                        None => woken.await,
+                        Some(d) => {
+                            if tokio::time::timeout_at(d, woken).await.is_err() {
+                                break;
+                            }
+                        }
                     }
                 }
+                // Granted, even at the deadline's last moment: take it. Else
+                // `place` leaves the queue on drop.
+                place.taken = granted(&place.q);
+                place.taken
             }
         };
-        drop(waiting);
         // Not `then_some`: building a Hold we do not own would give back
         // someone else's hold when it drops.
         if took {
@@ -227,11 +308,11 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Hold<K, X> {
 impl<K: Hash + Eq + Clone, X: SlotExt> Drop for Hold<K, X> {
     fn drop(&mut self) {
         let slot = &self.slot.slot;
+        // Hands it to the next waiter in line, if any.
         slot.state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .give_back(self.mode);
-        slot.local.notify_waiters();
         // Then `self.slot` drops, removing the entry if nobody else uses it.
     }
 }
@@ -268,6 +349,66 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(x);
         assert!(waiter.await.unwrap());
+    }
+
+    /// Waiters get the hold in arrival order; shared waiters right behind a
+    /// shared head go together; a waiter that leaves passes its turn on.
+    #[tokio::test]
+    async fn first_come_first_served() {
+        let a: Arc<Arbiter<u8>> = Arc::default();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let x = a.hold(&1, Mode::Exclusive, None).await.unwrap();
+        let mut tasks = Vec::new();
+        for (i, mode) in [
+            (0, Mode::Exclusive),
+            (1, Mode::Shared),
+            (2, Mode::Shared),
+            (3, Mode::Exclusive),
+            (4, Mode::Exclusive),
+        ] {
+            let (a, order) = (a.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let h = a.hold(&1, mode, None).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(h);
+            }));
+            // Queued in this order.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A late shared request does not overtake the queue, though the
+        // hold could be shared with 1 and 2 once they have it.
+        drop(x);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order[0], 0);
+        assert_eq!(
+            [order[1], order[2]]
+                .iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
+            [1, 2].into(),
+            "{order:?}"
+        );
+        assert_eq!(&order[3..], &[3, 4], "{order:?}");
+        assert_eq!(a.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_times_out_passes_its_turn_on() {
+        let a: Arc<Arbiter<u8>> = Arc::default();
+        let x = a.hold(&1, Mode::Exclusive, None).await.unwrap();
+        let soon = Some(Instant::now() + Duration::from_millis(20));
+        let (a1, a2) = (a.clone(), a.clone());
+        let first = tokio::spawn(async move { a1.hold(&1, Mode::Exclusive, soon).await.is_some() });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let second = tokio::spawn(async move { a2.hold(&1, Mode::Exclusive, None).await.is_some() });
+        assert!(!first.await.unwrap(), "timed out in the queue");
+        drop(x);
+        assert!(second.await.unwrap(), "the next in line got it");
+        assert_eq!(a.len(), 0);
     }
 
     #[tokio::test]

@@ -31,6 +31,13 @@ pub(crate) enum WaitIn {
     },
     /// The backend waits in the server ([`Backend::wait_in_server`]).
     Server,
+    /// One [`Backend::try_once`], then (if busy, and a server-wait permit
+    /// is free) [`Backend::wait_in_server`] with the hold; without a permit,
+    /// as `Poll`.
+    TryThenServer {
+        /// The longest pause between two tries when it polls.
+        max_backoff: Duration,
+    },
 }
 
 /// The backend's plan for one acquisition.
@@ -131,7 +138,8 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     ) -> impl Fut<'a, Option<Box<dyn Grant>>>;
 
     /// Waits in the server until `at.deadline`; only called when the plan
-    /// says [`WaitIn::Server`].
+    /// says [`WaitIn::Server`] or [`WaitIn::TryThenServer`] (then `at.hold`
+    /// is the in-process hold: the grant keeps it until released).
     fn wait_in_server<'a>(&'a self, _at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async {
             Err(Error::Unsupported(

@@ -8,8 +8,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use super::backend::{Attempt, Backend, Missing, WaitIn};
-use super::guard::{BoxFut, Grant, LockGuard};
+use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
+use super::loss::LossToken;
 use super::wait::{self, Backoff};
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -36,11 +39,17 @@ pub(crate) struct Pipeline<B: Backend> {
     id: u64,
     /// Locks held through this locker now (the cap).
     count: Arc<AtomicUsize>,
+    /// Permits to wait in the server under [`WaitIn::TryThenServer`]; a
+    /// grant won that way keeps its permit until released.
+    server_waits: Arc<Semaphore>,
 }
 
 impl<B: Backend> Pipeline<B> {
     pub(crate) fn new(backend: B, settings: Settings, id: u64) -> Self {
         Pipeline {
+            server_waits: Arc::new(Semaphore::new(
+                settings.max_server_waits.min(Semaphore::MAX_PERMITS),
+            )),
             backend,
             settings,
             id,
@@ -143,25 +152,81 @@ impl<B: Backend> Pipeline<B> {
             WaitIn::Server => self.backend.wait_in_server(&mut at).await,
             WaitIn::Poll { max_backoff } => {
                 let tries = self.backend.prepare(&at).await?;
-                let slot = at.hold.as_ref().map(|h| h.slot().clone());
-                let wake = slot.as_deref().and_then(B::wake);
-                let mut backoff = Backoff::new(deadline, max_backoff);
-                loop {
-                    // Registered before the try, so a release between the
-                    // try and the pause is not missed.
-                    let mut notified = wake.map(|w| Box::pin(w.notified()));
-                    if let Some(n) = notified.as_mut() {
-                        n.as_mut().enable();
+                self.poll(&tries, &mut at, max_backoff).await
+            }
+            WaitIn::TryThenServer { max_backoff } => {
+                let tries = self.backend.prepare(&at).await?;
+                if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
+                    return Ok(Some(g));
+                }
+                if opts.is_try_once() {
+                    return Ok(None);
+                }
+                match self.server_waits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        drop(tries);
+                        let g = self.backend.wait_in_server(&mut at).await?;
+                        Ok(g.map(|grant| {
+                            Box::new(Permitted {
+                                grant,
+                                _permit: permit,
+                            }) as Box<dyn Grant>
+                        }))
                     }
-                    if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
-                        return Ok(Some(g));
-                    }
-                    if !backoff.pause(notified.as_mut().map(|n| n.as_mut())).await {
-                        return Ok(None);
-                    }
+                    // As many waits in the server as allowed: poll.
+                    Err(_) => self.poll(&tries, &mut at, max_backoff).await,
                 }
             }
         }
+    }
+
+    /// Tries until granted or the deadline passed, pausing with backoff,
+    /// woken early by an in-process release or the backend's own signal.
+    async fn poll(
+        &self,
+        tries: &B::Tries,
+        at: &mut Attempt<'_, B>,
+        max_backoff: std::time::Duration,
+    ) -> Result<Option<Box<dyn Grant>>> {
+        let slot = at.hold.as_ref().map(|h| h.slot().clone());
+        let wake = slot.as_deref().and_then(B::wake);
+        let mut backoff = Backoff::new(at.deadline, max_backoff);
+        loop {
+            // Registered before the try, so a release between the try and
+            // the pause is not missed.
+            let mut notified = wake.map(|w| Box::pin(w.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            if let Some(g) = self.backend.try_once(tries, at).await? {
+                return Ok(Some(g));
+            }
+            if !backoff.pause(notified.as_mut().map(|n| n.as_mut())).await {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// A grant won by a wait in the server under [`WaitIn::TryThenServer`]:
+/// keeps the locker's server-wait permit (its connection) until released.
+struct Permitted {
+    grant: Box<dyn Grant>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Grant for Permitted {
+    fn release(self: Box<Self>) -> BoxFuture<Result<()>> {
+        let Permitted { grant, _permit } = *self;
+        Box::pin(async move {
+            let r = grant.release().await;
+            drop(_permit);
+            r
+        })
+    }
+
+    fn loss(&self) -> LossToken {
+        self.grant.loss()
     }
 }
 

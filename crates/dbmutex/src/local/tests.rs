@@ -39,6 +39,7 @@ fn settings(prefix: &str) -> Settings {
         connect_timeout: Duration::from_secs(1),
         application_name: "unit".into(),
         name_comments: true,
+        max_server_waits: 8,
         skip_pooler_check: false,
     }
 }

@@ -10,6 +10,7 @@ use tokio_postgres::types::Type;
 use super::budget;
 use super::conn::{Connector, PgConn};
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
+use super::handoff::PgHold;
 use super::pooler;
 use super::session_lock::SessionLock;
 use super::sql::{self, Call};
@@ -58,6 +59,7 @@ impl Spares {
         connector: &Connector,
         at: &Attempt<'_, B>,
         ticket: budget::Slot,
+        hold: Option<PgHold>,
     ) -> Result<Option<Box<dyn Grant>>> {
         let (settings, name, key, deadline) = (at.settings, at.name, *at.key, at.deadline);
         let comment = settings.name_comments;
@@ -94,6 +96,7 @@ impl Spares {
                 settings,
                 self.clone(),
                 ticket.granted(),
+                hold,
             )))),
             Ok(false) if !opts.transaction => {
                 // A refused try or a timed-out wait leaves the session clean
@@ -255,10 +258,20 @@ struct Dedicated {
     spares: Spares,
     /// Room in the server's lock table, given back once the server lock is.
     budget: budget::Slot,
+    /// The in-process hold (a wait after a failed try on the lock session),
+    /// given back once the server lock is.
+    hold: Option<PgHold>,
 }
 
 impl DedicatedGrant {
-    fn new(lock: SessionLock, xact: bool, settings: &Settings, spares: Spares, budget: budget::Slot) -> Self {
+    fn new(
+        lock: SessionLock,
+        xact: bool,
+        settings: &Settings,
+        spares: Spares,
+        budget: budget::Slot,
+        hold: Option<PgHold>,
+    ) -> Self {
         DedicatedGrant {
             lost: lock.conn.lost_signal(),
             held: Undo::with(
@@ -268,10 +281,14 @@ impl DedicatedGrant {
                     xact,
                     spares,
                     budget,
+                    hold,
                 },
                 |d| {
                     d.heartbeat.abort();
+                    // Closing the session frees the lock at once; the hold
+                    // goes after it.
                     d.lock.conn.close();
+                    drop(d.hold);
                 },
             ),
         }
@@ -291,6 +308,7 @@ impl Grant for DedicatedGrant {
                 xact,
                 spares,
                 budget,
+                hold,
                 ..
             } = d;
             let _budget = budget;
@@ -304,6 +322,9 @@ impl Grant for DedicatedGrant {
             } else {
                 lock.unlock().await
             };
+            // After the unlock, so the next task of this process finds the
+            // server lock free.
+            drop(hold);
             // Confirmed released: the session holds nothing and can serve
             // the next wait. On any doubt it is closed instead.
             if r.is_ok() {

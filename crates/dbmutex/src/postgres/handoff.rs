@@ -17,11 +17,11 @@
 //! announces `w <sender> <key>` ("I want it"); a locker holding that key
 //! marks it wanted, and when it releases, it sends `r <sender> <key>` after
 //! the unlock has been answered, which wakes the waiter's poll loop at once.
-//! A locker ignores its own messages. They go out on the locker's second
-//! connection (the one introspection uses), never on the lock session: a
-//! `NOTIFY` commits and can wait on the disk, which must not hold up the
-//! lock session's statements (nor its heartbeat). Nothing is notified for keys nobody
-//! waits for, so uncontended locks pay nothing (a NOTIFY on every unlock
+//! A locker ignores its own messages. They go out on the lock session (a
+//! locker keeps one connection): a `NOTIFY` commits and can wait on the
+//! disk, but it is sent only when another process waits for the key, so
+//! uncontended locks never pay it. Nothing is notified for keys nobody
+//! waits for (a NOTIFY on every unlock
 //! would cost about as much as the unlock itself). Holders that do not speak
 //! this protocol (the gem, psql) are still noticed by the waiter's backoff
 //! polling.

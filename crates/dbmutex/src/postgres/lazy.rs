@@ -21,11 +21,11 @@ pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, lis
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
     }
-    if !settings.name_comments {
-        conn.warm_statements()
-            .await
-            .map_err(|e| Error::Connect(Box::new(e)))?;
-    }
+    // The lock session's try and unlock statements are prepared (they carry
+    // no name: see `LockerBuilder::name_comments`).
+    conn.warm_statements()
+        .await
+        .map_err(|e| Error::Connect(Box::new(e)))?;
     drop(conn.start_heartbeat(settings.keepalive, false));
     Ok(())
 }

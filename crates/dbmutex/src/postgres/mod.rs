@@ -2,15 +2,25 @@
 //!
 //! # How locks are held
 //!
-//! - **Session locks, polling (the default).** One connection per
-//!   [`Locker`](crate::Locker) — the *lock session* — holds every such lock of
-//!   the process. PostgreSQL cannot tell the tasks on one session apart
-//!   (session locks are re-entrant), so tasks first take an in-process hold on
-//!   the key, then ask the server. Concurrent requests are pipelined on the
-//!   one connection.
-//! - **Server-side waits** ([`WaitStrategy::Server`]) and **transaction
-//!   locks** ([`LockOptions::transaction`]) use a dedicated connection per
-//!   guard, because a blocked statement would stall the shared session.
+//! - **Session locks (the default).** One connection per
+//!   [`Locker`](crate::Locker) — the *lock session* — takes every session
+//!   lock of the process that is free when asked. PostgreSQL cannot tell the
+//!   tasks on one session apart (session locks are re-entrant), so tasks
+//!   first take an in-process hold on the key (first come, first served),
+//!   then ask the server. Concurrent requests are pipelined on the one
+//!   connection.
+//! - **A busy lock** is waited for in the server (the default
+//!   [`WaitStrategy::TryThenServer`]): the task holding the in-process hold
+//!   waits on a dedicated connection, in the server's queue, so processes
+//!   take turns and any holder's release (the gem's, psql's) hands the lock
+//!   over at once. At most
+//!   [`LockerBuilder::max_server_waits`](crate::LockerBuilder::max_server_waits)
+//!   names wait (and are then held) that way per locker; past that, waiters
+//!   poll the lock session.
+//! - **Server-side waits** asked for ([`WaitStrategy::Server`]) and
+//!   **transaction locks** ([`LockOptions::transaction`]) use a dedicated
+//!   connection per guard, because a blocked statement would stall the
+//!   shared session.
 //! - **Your own transaction**: [`lock_xact`] takes a transaction-level lock in
 //!   a `tokio_postgres::Transaction` you own.
 //! - **Behind a transaction pooler** (PgBouncer `pool_mode = transaction`),
@@ -29,6 +39,7 @@ mod errors;
 mod handoff;
 mod introspect;
 mod lazy;
+mod names;
 mod pooler;
 mod session;
 mod session_lock;
@@ -60,8 +71,9 @@ pub(crate) struct PgBackend {
     connector: Connector,
     /// The lock session shared by polling session locks.
     session: LazyConn,
-    /// Introspection runs elsewhere, so `pg_stat_activity` keeps showing the
-    /// lock session's last lock statement (with its name comment).
+    /// A second connection, only where there is no lock session (behind a
+    /// transaction pooler: transaction locks, introspection): at steady
+    /// state a locker keeps one connection.
     probe: LazyConn,
     arbiter: Arc<PgArbiter>,
     /// Handles the hand-off channel's messages on the lock session.
@@ -76,6 +88,8 @@ pub(crate) struct PgBackend {
     spares: Spares,
     /// This locker's share of the server's lock table.
     budget: Arc<budget::Budget>,
+    /// The names of the locks held on the lock session, for `list`.
+    names: Arc<names::OwnNames>,
 }
 
 impl PgBackend {
@@ -102,6 +116,7 @@ impl PgBackend {
             skip_pooler_check: settings.skip_pooler_check,
             spares: Spares::default(),
             // Until the first connection reads the server's settings.
+            names: Arc::default(),
             budget: budget::Budget::new(conn::LockTable {
                 per_transaction: 64,
                 slots: 100,
@@ -128,21 +143,35 @@ impl PgBackend {
         if backend.shared_sessions {
             tracing::warn!("dbmutex: {}", pooler::SESSION_LOCKS_UNSAFE);
             session.close();
+            backend.probe.set(other);
         } else {
             prepare_session(&session, settings, true).await?;
             backend.session.set(session);
+            // One connection at steady state: the check's second one goes.
+            other.close();
         }
-        backend.probe.set(other);
         Ok(backend)
     }
 
-    /// The second connection (introspection, budget counts, hand-off messages).
+    /// Where introspection and lock-table counts run: the lock session (its
+    /// statements answer at once, and are pipelined), or, where there is
+    /// none (behind a pooler), a second connection made on first use.
     async fn probe(&self, settings: &Settings) -> Result<Arc<PgConn>> {
+        if !self.shared_sessions {
+            if let Ok(session) = self
+                .session
+                .get(&self.connector, settings, Some(&self.on_notify))
+                .await
+            {
+                return Ok(session);
+            }
+        }
         self.probe.get(&self.connector, settings, None).await
     }
 
-    /// Hand-off messages go out on the second connection when it is up
-    /// (never holding up the lock session), else on the lock session.
+    /// Hand-off messages go out on the lock session (a `NOTIFY` commits,
+    /// which may wait on the server's disk: only sent when another process
+    /// waits for the key), or on a second connection where one is up.
     fn channel(&self, session: &Arc<PgConn>) -> handoff::Channel {
         handoff::Channel {
             sender: self.id,
@@ -194,21 +223,32 @@ impl Backend for PgBackend {
     }
 
     /// Session locks share the lock session, so they are told apart in
-    /// process and polled there; a server-side wait or a transaction lock
-    /// gets a connection of its own and needs no in-process hold.
+    /// process and tried there; by default a busy one then waits in the
+    /// server on a connection of its own, keeping its hold. A server-side
+    /// wait asked for explicitly, or a transaction lock, gets a connection
+    /// of its own at once and needs no in-process hold.
     fn plan(&self, opts: &LockOptions) -> Plan {
-        if opts.transaction || opts.strategy == WaitStrategy::Server {
-            Plan {
+        match opts.strategy {
+            _ if opts.transaction => Plan {
                 hold: false,
                 wait: WaitIn::Server,
-            }
-        } else {
-            Plan {
+            },
+            WaitStrategy::Server => Plan {
+                hold: false,
+                wait: WaitIn::Server,
+            },
+            WaitStrategy::Poll => Plan {
                 hold: true,
                 wait: WaitIn::Poll {
                     max_backoff: opts.max_backoff,
                 },
-            }
+            },
+            _ => Plan {
+                hold: true,
+                wait: WaitIn::TryThenServer {
+                    max_backoff: opts.max_backoff,
+                },
+            },
         }
     }
 
@@ -244,12 +284,15 @@ impl Backend for PgBackend {
         at: &'a mut Attempt<'_, Self>,
     ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
+            // Prepared, with no name: the try costs what a raw prepared
+            // `pg_try_advisory_lock` does. The name goes into the session's
+            // keepalive probe instead, where `pg_stat_activity` shows it.
             let lock = SessionLock {
                 conn: tries.conn.clone(),
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
-                comment: at.settings.name_comments,
+                comment: false,
             };
             // A task of ours may have left the server lock on the session for us.
             let parked = lock.mode == Mode::Exclusive
@@ -263,8 +306,17 @@ impl Backend for PgBackend {
                 tries.want.announce();
                 return Ok(None);
             }
+            if at.settings.name_comments {
+                lock.conn.remember_name(at.name);
+            }
             let ticket = at.ticket.take().map(budget::Slot::granted);
-            let grant = SessionGrant::new(lock, tries.channel.clone(), at.hold.take(), ticket);
+            let grant = SessionGrant::new(
+                lock,
+                tries.channel.clone(),
+                at.hold.take(),
+                ticket,
+                self.names.clone(),
+            );
             Ok(Some(Box::new(grant) as Box<dyn Grant>))
         }
     }
@@ -275,7 +327,16 @@ impl Backend for PgBackend {
                 .ticket
                 .take()
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
-            self.spares.acquire(&self.connector, at, ticket).await
+            let hold = at.hold.take();
+            if hold.is_some() {
+                // After a failed try: tell the holder, if it is a dbmutex,
+                // that a process waits, so that it does not keep the lock
+                // for its own tasks (see `handoff::park`).
+                if let Some(session) = self.session.live() {
+                    Want::new(self.channel(&session), *at.key).announce();
+                }
+            }
+            self.spares.acquire(&self.connector, at, ticket, hold).await
         }
     }
 
@@ -289,6 +350,21 @@ impl Backend for PgBackend {
     }
 
     fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
-        async move { introspect::list(&*self.probe(settings).await?, &settings.prefix).await }
+        async move {
+            let conn = self.probe(settings).await?;
+            let mut rows = introspect::list(&conn, &settings.prefix).await?;
+            // Our lock session's statements carry no name: we know them.
+            if let Some(pid) = self.session.live().and_then(|s| s.server_pid()) {
+                for row in rows
+                    .iter_mut()
+                    .filter(|r| r.name.is_none() && r.holder.pid == i64::from(pid))
+                {
+                    if let Some(key) = PgKey::from_text(&row.key) {
+                        row.name = self.names.name_of(&key);
+                    }
+                }
+            }
+            Ok(rows)
+        }
     }
 }

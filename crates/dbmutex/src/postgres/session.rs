@@ -6,7 +6,10 @@ use std::future::Future;
 use tokio::sync::watch;
 
 use super::budget;
+use std::sync::Arc;
+
 use super::handoff::{self, Channel, PgHold};
+use super::names::OwnNames;
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, Grant};
@@ -29,6 +32,8 @@ struct Release {
     hold: Option<PgHold>,
     /// Room in the server's lock table, given back once the server lock is.
     budget: Option<budget::Slot>,
+    /// The locker's names of held locks (for `list`).
+    names: Arc<OwnNames>,
 }
 
 impl SessionGrant {
@@ -37,7 +42,9 @@ impl SessionGrant {
         channel: Channel,
         hold: Option<PgHold>,
         budget: Option<budget::Slot>,
+        names: Arc<OwnNames>,
     ) -> Self {
+        names.add(lock.key, &lock.name);
         SessionGrant {
             lost: lock.conn.lost_signal(),
             release: Undo::with(
@@ -46,6 +53,7 @@ impl SessionGrant {
                     channel,
                     hold,
                     budget,
+                    names,
                 },
                 Release::in_background,
             ),
@@ -65,7 +73,9 @@ impl Release {
                 channel,
                 hold,
                 budget,
+                names,
             } = self;
+            names.remove(&lock.key);
             let wanted = handoff::take_wanted(hold.as_ref());
             let r = lock.unlock().await;
             drop((hold, budget));
@@ -87,7 +97,9 @@ impl Grant for SessionGrant {
                 channel,
                 mut hold,
                 budget,
+                names,
             } = self.release.take().expect("held until released");
+            names.remove(&lock.key);
             let _budget = budget;
             if lock.mode == Mode::Exclusive {
                 if let Some(h) = hold.take() {

@@ -87,7 +87,8 @@ pub(crate) async fn wait_xact_dedicated(
 /// `false` when the wait ended without the lock.
 ///
 /// - [`WaitStrategy::Poll`] retries `pg_try_advisory_xact_lock*` with backoff.
-/// - [`WaitStrategy::Server`] waits in the server (deadlock detection
+/// - [`WaitStrategy::Server`] and the default [`WaitStrategy::TryThenServer`]
+///   wait in the server (deadlock detection
 ///   included) inside a savepoint, with `lock_timeout` set for the wait only.
 ///   Afterwards — acquired, timed out, or deadlocked — `lock_timeout` reads as
 ///   it did before and the transaction is usable: a timeout returns

@@ -160,7 +160,20 @@ impl PgConn {
                 let stmt = self.prepared(call, mode, key).await?;
                 let params = sql::Params::of(key, owner);
                 let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
-                self.client.query(&stmt, &values).await?
+                match self.client.query(&stmt, &values).await {
+                    Ok(rows) => rows,
+                    // Our prepared statement is not on this server session:
+                    // a pooler moved us (to a session where the name may even
+                    // be another client's statement, which the claim check in
+                    // it refuses). Our former session may hold locks: end it.
+                    Err(e)
+                        if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
+                    {
+                        self.moved();
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         };
         self.heard_from_server();
@@ -195,6 +208,19 @@ impl PgConn {
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
     /// first use and cached for the connection.
+    /// The claimed server session's backend pid, if claimed.
+    pub(crate) fn server_pid(&self) -> Option<i32> {
+        self.claim.get().map(|c| c.pid)
+    }
+
+    /// Shows `name` in the comment of this session's next keepalive probe,
+    /// so that `pg_stat_activity` (and `dbmutex list`) name the session's
+    /// last lock once it has been quiet for the keepalive period, though its
+    /// lock statements themselves are prepared and carry no name.
+    pub(crate) fn remember_name(&self, name: &LockName) {
+        *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = crate::key::sql_comment(name);
+    }
+
     async fn prepared(
         &self,
         call: Call,

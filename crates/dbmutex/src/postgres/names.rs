@@ -1,0 +1,39 @@
+//! The names of the locks a locker holds on its lock session: `list` shows
+//! them for that session (its lock statements are prepared and nameless,
+//! and introspection runs on the same session, so the server's query text
+//! cannot tell them).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::key::PgKey;
+use crate::LockName;
+
+/// Held keys → their name and how many guards hold them.
+#[derive(Default)]
+pub(crate) struct OwnNames(Mutex<HashMap<PgKey, (LockName, usize)>>);
+
+impl OwnNames {
+    pub(crate) fn add(&self, key: PgKey, name: &LockName) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(key).or_insert_with(|| (name.clone(), 0)).1 += 1;
+    }
+
+    pub(crate) fn remove(&self, key: &PgKey) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = m.get_mut(key) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                m.remove(key);
+            }
+        }
+    }
+
+    /// The name as `list` shows it (raw keys have none).
+    pub(crate) fn name_of(&self, key: &PgKey) -> Option<String> {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(key)
+            .filter(|(n, _)| !matches!(n, LockName::RawI64(_) | LockName::RawPair(..)))
+            .map(|(n, _)| n.to_string())
+    }
+}
