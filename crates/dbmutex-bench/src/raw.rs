@@ -29,10 +29,21 @@ pub async fn pg_connect(url: &str, app: &str) -> anyhow::Result<tokio_postgres::
 }
 
 /// A MySQL / MariaDB connection (a plain `Conn`: pools reset connections,
-/// which would release user locks).
+/// which would release user locks), over the transport the URL names, as
+/// dbmutex's are: mysql_async would otherwise switch a loopback TCP URL to
+/// the server's Unix socket, about 20 µs faster per round trip here, which
+/// once made dbmutex look 0.53 × its floor.
 pub async fn my_connect(url: &str) -> anyhow::Result<mysql_async::Conn> {
     let opts = mysql_async::Opts::from_url(url)
         .map_err(|_| anyhow::anyhow!("bad MySQL URL {}", dbmutex::redact_url(url)))?;
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let opts = if query.split('&').any(|kv| kv.starts_with("prefer_socket=")) {
+        opts
+    } else {
+        mysql_async::OptsBuilder::from_opts(opts)
+            .prefer_socket(false)
+            .into()
+    };
     mysql_async::Conn::new(opts)
         .await
         .with_context(|| format!("connecting to {}", dbmutex::redact_url(url)))

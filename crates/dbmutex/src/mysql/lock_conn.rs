@@ -30,10 +30,19 @@ pub(super) struct LockConn {
     /// Kills the session from another connection when it must end.
     connector: Arc<Connector>,
     runtime: tokio::runtime::Handle,
+    /// The ping period.
+    keepalive: Duration,
+    /// When the session took its first lock.
+    born: std::time::Instant,
+    /// Its watcher runs (started by the loss check's first look at it, so a
+    /// lock held for less than that costs no task).
+    watched: AtomicBool,
 }
 
 impl LockConn {
-    /// Wraps a connection that just took its first lock, and starts its watcher.
+    /// Wraps a connection that just took its first lock. Its watcher starts
+    /// with the loss check's first look at it (within [`super::check`]'s
+    /// period), or at once when it is poked.
     pub(super) fn start(
         connector: &Arc<Connector>,
         runtime: &tokio::runtime::Handle,
@@ -41,7 +50,7 @@ impl LockConn {
         server_id: u64,
         keepalive: Duration,
     ) -> Arc<Self> {
-        let lc = Arc::new(LockConn {
+        Arc::new(LockConn {
             id: conn.id(),
             server_id,
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
@@ -52,9 +61,25 @@ impl LockConn {
             poke: Notify::new(),
             connector: connector.clone(),
             runtime: runtime.clone(),
-        });
-        drop(runtime.spawn(watch_conn(lc.clone(), keepalive, ping_timeout(keepalive))));
-        lc
+            keepalive,
+            born: std::time::Instant::now(),
+            watched: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts the watcher unless it runs: its first ping goes out
+    /// `keepalive` after the session took its first lock (at once if that
+    /// is past), the next ones every `keepalive`.
+    pub(super) fn ensure_watched(self: &Arc<Self>) {
+        if !self.watched.swap(true, Ordering::AcqRel) {
+            let first = self.keepalive.saturating_sub(self.born.elapsed());
+            drop(self.runtime.spawn(watch_conn(
+                self.clone(),
+                first,
+                self.keepalive,
+                ping_timeout(self.keepalive),
+            )));
+        }
     }
 
     /// The server's connection id.
@@ -75,7 +100,8 @@ impl LockConn {
     /// Pings the session now: the loss check could not reach the server, so
     /// the session may be gone too (a server restart closes every socket,
     /// and a ping on a closed socket fails at once).
-    pub(super) fn poke(&self) {
+    pub(super) fn poke(self: &Arc<Self>) {
+        self.ensure_watched();
         self.poke.notify_one();
     }
 
@@ -184,10 +210,11 @@ impl Drop for Borrowed {
 /// Pings the session every `keepalive`; when a ping fails or gets no answer
 /// within `timeout`, closes the connection and reports its locks lost. Ends
 /// when the session is handed back or gone.
-async fn watch_conn(lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
+async fn watch_conn(lc: Arc<LockConn>, first: Duration, keepalive: Duration, timeout: Duration) {
+    let mut wait = first;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(keepalive) => {}
+            () = tokio::time::sleep(std::mem::replace(&mut wait, keepalive)) => {}
             () = lc.stop.notified() => return,
             () = lc.poke.notified() => {}
         }
