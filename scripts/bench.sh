@@ -18,7 +18,9 @@ MYSQL_URL=${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
 LOCAL_URL=${LOCAL_URL:-file://${TMPDIR:-/tmp}/dbmutex-bench-locks}
 DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-8}
-LOCKS=${LOCKS:-5000}
+# 4,500: under the server-wide lock budget of a default server (3/4 of
+# 64 x 100 = 4,800 locks, issue #9), which refuses more on purpose.
+LOCKS=${LOCKS:-4500}
 OUT=${OUT:-$(mktemp -d -t dbmutex-bench.XXXXXX)}
 mkdir -p "$OUT"
 
@@ -79,6 +81,10 @@ run() {
 
 run --database-url "$PG_URL" --scenario all | tee "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario contended --strategy server | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario contended --strategy poll | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario fairness --strategy poll | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario fairness --strategy server | tee -a "$OUT/postgres.jsonl" >/dev/null
+run --database-url "$PG_URL" --scenario foreign --strategy poll | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario contended --lockers 2 | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --database-url "$PG_URL" --scenario many-keys --lockers "$CLIENTS" | tee -a "$OUT/postgres.jsonl" >/dev/null
 run --clients 1 --database-url "$PG_URL" --scenario floor --floor-unnamed | tee -a "$OUT/postgres.jsonl" >/dev/null
@@ -97,18 +103,20 @@ jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
     elif .scenario == "uncontended" then .ops_per_s / $p1
     else null end;
   (["scenario", "variant", "clients", "ops/s", "p50_us", "p99_us", "conns",
-    "x_floor", "x_pgbench", "handoff_p50/p99_us", "handoff_rtts"] | @tsv),
+    "x_floor", "x_pgbench", "handoff_p50/p99_us", "handoff_rtts", "fairness"] | @tsv),
   (.[] | [ .scenario,
            ([ (if .statements == "unnamed" then "unnamed+comment" else empty end),
               (if .name_comments == false then "no-comment" else empty end),
               (if .strategy then "strategy=" + .strategy else empty end),
               (if (.lockers // 1) > 1 then "lockers=" + (.lockers | tostring) else empty end),
               (if .held then "held=" + (.held | tostring) else empty end),
+              (if .waiter then "waiter=" + .waiter else empty end),
               (if .first_error then "error" else empty end) ] | join(",")),
            .clients, (.ops_per_s | round), (.p50_us | n), (.p99_us | n), (.connections | n),
            (.ratio_to_floor | r), (vs_pgbench | r),
            (if .handoff_p50_us then "\(.handoff_p50_us)/\(.handoff_p99_us)" else "-" end),
-           (.handoff_rtts | r) ] | @tsv)
+           (.handoff_rtts | r),
+           (if .handoff_share then "share=\(.handoff_share),max_wait_ms=\(.max_wait_ms),acq=\(.acquisitions | map(tostring) | join("/"))" else "-" end) ] | @tsv)
 ' "$OUT/postgres.jsonl" | column -t -s $'\t'
 
 # The targets of issue #5, from this run's figures.
@@ -118,21 +126,46 @@ jq -r --argjson p1 "$PGB1" -s '
   | (map(select(.scenario == "floor" and .clients == 1 and .statements == "prepared")) | first | .ops_per_s) as $f1
   | (map(select(.scenario == "uncontended" and .name_comments != false)) | first) as $u
   | (map(select(.scenario == "uncontended" and .name_comments == false)) | first) as $un
-  | (map(select(.scenario == "contended" and .strategy == "poll" and .lockers == 1 and .name_comments != false)) | first) as $c
+  | (map(select(.scenario == "contended" and .strategy == "try-then-server" and .lockers == 1 and .name_comments != false)) | first) as $c
   | (map(select(.scenario == "many-keys" and .lockers == 1)) | first) as $m
   | (map(select(.scenario == "hold-many")) | first) as $h
   | "targets (rtt p50 \($rtt) µs; floors/s: pgbench \($p1), dbmutex-bench \($f1 | round)):",
     "  uncontended >= 0.95 x pgbench floor: \($u.ops_per_s / $p1 * 1000 | round / 1000) -> \(verdict($u.ops_per_s >= 0.95 * $p1))",
     "  uncontended, name_comments(false): \($un.ops_per_s / $p1 * 1000 | round / 1000) -> \(verdict($un.ops_per_s >= 0.95 * $p1))",
     "  contended hand-off p50 <= 3 RTT: \($c.handoff_p50_us) µs = \($c.handoff_rtts) RTT -> \(verdict($c.handoff_p50_us <= 3 * $rtt))",
-    "  hold-many \($h.clients) locks on <= 2 connections: held \($h.held) on \($h.connections) -> \(verdict($h.held >= 5000 and $h.connections <= 2))",
+    "  hold-many \($h.clients) locks on <= 2 connections: held \($h.held) on \($h.connections) -> \(verdict($h.held >= $h.clients and $h.connections <= 2))",
     "  many-keys \($m.clients) clients >= 2 x 1-client floor: \($m.ops_per_s / $p1 * 1000 | round / 1000) x pgbench -> \(verdict($m.ops_per_s >= 2 * $p1))"
+' "$OUT/postgres.jsonl"
+
+# The targets of issue #11 (fair and fast by default), from this run.
+jq -r --argjson p1 "$PGB1" -s '
+  def verdict(ok): if ok then "met" else "MISSED" end;
+  def x(v): v * 1000 | round / 1000;
+  (map(select(.scenario == "fairness" and .strategy == "try-then-server")) | first) as $f
+  | (map(select(.scenario == "fairness" and .strategy == "poll")) | first) as $fp
+  | (map(select(.scenario == "foreign" and .waiter == "dbmutex" and .strategy == "try-then-server")) | first) as $fd
+  | (map(select(.scenario == "foreign" and .waiter != "dbmutex")) | first) as $fr
+  | (map(select(.scenario == "foreign" and .waiter == "dbmutex" and .strategy == "poll")) | first) as $fo
+  | (map(select(.scenario == "uncontended" and .name_comments != false)) | first) as $u
+  | (map(select(.scenario == "contended" and .strategy == "try-then-server" and .lockers == 1 and .name_comments != false)) | first) as $c
+  | "targets of issue #11 (defaults throughout):",
+    "  1. fair: hand-offs between 2 processes >= 40 %: \($f.handoff_share * 100) % (poll: \($fp.handoff_share * 100) %) -> \(verdict($f.handoff_share >= 0.4))",
+    "     longest wait <= 10 holds (\($f.hold_ms) ms each): \($f.max_wait_ms) ms (poll: \($fp.max_wait_ms) ms) -> \(verdict($f.max_wait_ms <= 10 * $f.hold_ms))",
+    "  2. behind a raw-SQL holder, hand-off p50 <= 2 x raw pg_advisory_lock: \($fd.p50_us) µs vs \($fr.p50_us) µs (poll: \($fo.p50_us) µs) -> \(verdict($fd.p50_us <= 2 * $fr.p50_us))",
+    "  3. uncontended try+release >= 0.95 x pgbench: \(x($u.ops_per_s / $p1)) -> \(verdict($u.ops_per_s >= 0.95 * $p1))",
+    "  4. one connection per locker: uncontended \($u.connections), contended (8 tasks) \($c.connections) -> \(verdict($u.connections == 1))",
+    "  6. in-process FIFO: contended p99 \($c.p99_us) µs vs p50 x queue (\($c.p50_us) x \($c.clients - 1)) = \($c.p50_us * ($c.clients - 1)) µs -> \(verdict($c.p99_us <= 2 * $c.p50_us * ($c.clients - 1)))"
 ' "$OUT/postgres.jsonl"
 
 # The other backends, where reachable: their own floor, same harness.
 if "$BENCH" --database-url "$MYSQL_URL" --scenario rtt --duration 0.2 >/dev/null 2>&1; then
     echo "== MySQL ($MYSQL_URL)"
     run --database-url "$MYSQL_URL" --scenario all | tee "$OUT/mysql.jsonl" | jq -c .
+    jq -r -s '
+      (map(select(.scenario == "floor" and .clients == 1)) | first | .ops_per_s) as $f
+      | (map(select(.scenario == "uncontended")) | first | .ops_per_s) as $u
+      | "  5. MySQL uncontended >= 0.9 x its floor (same transport): \($u / $f * 1000 | round / 1000) -> \(if $u >= 0.9 * $f then "met" else "MISSED" end)"
+    ' "$OUT/mysql.jsonl"
 else
     echo "== MySQL: $MYSQL_URL not reachable, skipped"
 fi

@@ -157,7 +157,8 @@ impl LockerBuilder {
     /// The lock session's try and unlock statements never carry it: they are
     /// prepared once per connection, and cost what a raw prepared
     /// `pg_try_advisory_lock` does (a comment made each statement's text
-    /// unique, parsed every time: 0.59 × the raw floor, BENCHMARKS.md). With
+    /// unique, parsed every time: the raw statements sent that way run at
+    /// 0.91 × pgbench, BENCHMARKS.md). With
     /// `false`, no statement carries a name.
     /// [`postgres::lock_xact`](crate::postgres::lock_xact) in your own
     /// transaction always carries it.

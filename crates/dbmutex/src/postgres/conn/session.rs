@@ -192,22 +192,19 @@ impl PgConn {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Prepares every session lock statement this connection may run
-    /// unnamed-comment-free, so no later lock call waits for a prepare (a
-    /// release dropped mid-prepare would not know whether its unlock went out).
+    /// Prepares the unlock statements, so that no unlock waits for a prepare
+    /// (a release dropped mid-prepare would not know whether its unlock
+    /// went out). The try statements are prepared on first use: a try
+    /// dropped mid-prepare has locked nothing.
     pub(crate) async fn warm_statements(&self) -> std::result::Result<(), tokio_postgres::Error> {
-        for call in [Call::Try, Call::Unlock] {
-            for mode in [Mode::Exclusive, Mode::Shared] {
-                for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
-                    self.prepared(call, mode, &key).await?;
-                }
+        for mode in [Mode::Exclusive, Mode::Shared] {
+            for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
+                self.prepared(Call::Unlock, mode, &key).await?;
             }
         }
         Ok(())
     }
 
-    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
-    /// first use and cached for the connection.
     /// The claimed server session's backend pid, if claimed.
     pub(crate) fn server_pid(&self) -> Option<i32> {
         self.claim.get().map(|c| c.pid)
@@ -221,6 +218,8 @@ impl PgConn {
         *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = crate::key::sql_comment(name);
     }
 
+    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
+    /// first use and cached for the connection.
     async fn prepared(
         &self,
         call: Call,
