@@ -454,3 +454,19 @@ fn use_trees_expand() {
         ]
     );
 }
+
+/// Files stay readable: none in `src/` passes 400 lines (tests included).
+#[test]
+fn no_source_file_passes_400_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > 400).then(|| format!("{} ({n} lines)", f.strip_prefix(&src).unwrap().display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by concern: {long:?}");
+}

@@ -14,11 +14,10 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use std::collections::VecDeque;
-
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::queue::{Queued, State};
 use crate::Mode;
 
 /// What a backend keeps per key beside the in-process hold (PostgreSQL:
@@ -57,65 +56,6 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// One queued waiter: granted by the releaser, which then wakes it.
-struct Queued {
-    mode: Mode,
-    granted: std::sync::atomic::AtomicBool,
-    wake: Notify,
-}
-
-#[derive(Default)]
-struct State {
-    exclusive: bool,
-    shared: u32,
-    /// Waiters in arrival order.
-    queue: VecDeque<Arc<Queued>>,
-}
-
-impl State {
-    fn try_take(&mut self, mode: Mode) -> bool {
-        match mode {
-            Mode::Exclusive if !self.exclusive && self.shared == 0 => self.exclusive = true,
-            Mode::Shared if !self.exclusive => self.shared += 1,
-            _ => return false,
-        }
-        true
-    }
-
-    fn give_back(&mut self, mode: Mode) {
-        match mode {
-            Mode::Exclusive => self.exclusive = false,
-            Mode::Shared => self.shared = self.shared.saturating_sub(1),
-        }
-        self.grant_queued();
-    }
-
-    /// Hands the hold to the head of the queue while it can take it: one
-    /// exclusive waiter, or every shared waiter up to the next exclusive one.
-    fn grant_queued(&mut self) {
-        while let Some(head) = self.queue.front() {
-            if !self.try_take(head.mode) {
-                break;
-            }
-            let head = self.queue.pop_front().expect("checked");
-            head.granted.store(true, std::sync::atomic::Ordering::SeqCst);
-            head.wake.notify_one();
-        }
-    }
-
-    /// A waiter leaves (deadline, cancelled): out of the queue, or, if it was
-    /// granted meanwhile, the hold goes to the next.
-    fn leave(&mut self, q: &Arc<Queued>) {
-        if q.granted.load(std::sync::atomic::Ordering::SeqCst) {
-            self.give_back(q.mode);
-        } else if let Some(i) = self.queue.iter().position(|e| Arc::ptr_eq(e, q)) {
-            self.queue.remove(i);
-            // An exclusive head that leaves may let shared waiters behind it go.
-            self.grant_queued();
-        }
     }
 }
 

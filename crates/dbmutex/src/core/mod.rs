@@ -16,5 +16,6 @@ pub(crate) mod guard;
 pub(crate) mod idle;
 pub(crate) mod loss;
 pub(crate) mod pipeline;
+pub(crate) mod queue;
 pub(crate) mod scope;
 pub(crate) mod wait;
