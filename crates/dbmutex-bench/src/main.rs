@@ -145,20 +145,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             name_comments: !cli.no_comment,
         },
     };
-    let plan = match (cli.scenario, kind) {
-        (Scenario::All, BackendKind::Local) => {
-            vec![Scenario::Uncontended, Scenario::Contended, Scenario::Fairness]
-        }
-        (Scenario::All, BackendKind::Mysql) => vec![
-            Scenario::Rtt,
-            Scenario::Floor,
-            Scenario::Uncontended,
-            Scenario::Contended,
-            Scenario::ManyKeys,
-            Scenario::HoldMany,
-            Scenario::Fairness,
-        ],
-        (Scenario::All, _) => vec![
+    let plan = match cli.scenario {
+        Scenario::All => [
             Scenario::Rtt,
             Scenario::Floor,
             Scenario::Uncontended,
@@ -167,16 +155,16 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Scenario::HoldMany,
             Scenario::Fairness,
             Scenario::Foreign,
-        ],
-        (
-            Scenario::Rtt | Scenario::Floor | Scenario::HoldMany | Scenario::ManyKeys | Scenario::Foreign,
-            BackendKind::Local,
-        ) => {
-            anyhow::bail!(
-                "the local backend runs uncontended, contended and fairness only (no server to measure)"
-            )
-        }
-        (s, _) => vec![s],
+        ]
+        .into_iter()
+        .filter(|s| applies(*s, kind))
+        .collect(),
+        s if applies(s, kind) => vec![s],
+        s => anyhow::bail!(
+            "{s:?} does not apply to the {} backend (local: uncontended, contended and fairness, \
+             with no server to measure; foreign: PostgreSQL only)",
+            kind.as_str()
+        ),
     };
     let mut out = Output::new(cli.json);
     let mut ok = true;
@@ -191,6 +179,18 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         }
     }
     Ok(ok)
+}
+
+/// Whether scenario `s` measures something on backend `kind`.
+fn applies(s: Scenario, kind: BackendKind) -> bool {
+    match kind {
+        BackendKind::Local => matches!(
+            s,
+            Scenario::Uncontended | Scenario::Contended | Scenario::Fairness
+        ),
+        BackendKind::Postgres => true,
+        _ => s != Scenario::Foreign,
+    }
 }
 
 async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
