@@ -159,7 +159,7 @@ impl<B: Backend> Pipeline<B> {
                 if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
                     return Ok(Some(g));
                 }
-                if opts.is_try_once() {
+                if opts.is_try_once() || at.deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Ok(None);
                 }
                 match self.server_waits.clone().try_acquire_owned() {

@@ -92,11 +92,6 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
         if seen.is_empty() {
             continue;
         }
-        // A session that has held a lock for a whole period gets its pinging
-        // watcher now (see `LockConn::ensure_watched`).
-        for x in &seen {
-            x.lc.ensure_watched();
-        }
         // One retry at once on a fresh connection when the check's own
         // connection failed: it may have been killed.
         let mut checked = false;

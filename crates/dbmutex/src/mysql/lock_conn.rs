@@ -40,9 +40,10 @@ pub(super) struct LockConn {
 }
 
 impl LockConn {
-    /// Wraps a connection that just took its first lock. Its watcher starts
-    /// with the loss check's first look at it (within [`super::check`]'s
-    /// period), or at once when it is poked.
+    /// Wraps a connection that just took its first lock, and starts its
+    /// watcher. (Starting it lazily, from the loss check, saved a task per
+    /// short lock, but a loss check stalled on a partition could then leave
+    /// a new lock unwatched past the documented bound.)
     pub(super) fn start(
         connector: &Arc<Connector>,
         runtime: &tokio::runtime::Handle,
@@ -50,7 +51,7 @@ impl LockConn {
         server_id: u64,
         keepalive: Duration,
     ) -> Arc<Self> {
-        Arc::new(LockConn {
+        let lc = Arc::new(LockConn {
             id: conn.id(),
             server_id,
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
@@ -64,7 +65,9 @@ impl LockConn {
             keepalive,
             born: std::time::Instant::now(),
             watched: AtomicBool::new(false),
-        })
+        });
+        lc.ensure_watched();
+        lc
     }
 
     /// Starts the watcher unless it runs: its first ping goes out

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio_postgres::types::Type;
 
 use super::budget;
-use super::conn::{Connector, PgConn};
+use super::conn::{Connector, PgConn, Text};
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::handoff::PgHold;
 use super::pooler;
@@ -62,6 +62,9 @@ impl Spares {
         hold: Option<PgHold>,
     ) -> Result<Option<Box<dyn Grant>>> {
         let (settings, name, key, deadline) = (at.settings, at.name, *at.key, at.deadline);
+        // A try-once still gets its connection (within connect_timeout); a
+        // bounded wait connects within its bound.
+        let connect_by = if at.opts.is_try_once() { None } else { deadline };
         let comment = settings.name_comments;
         // The bound is what is left of the acquisition's deadline.
         let opts = &at.opts.clone().timeout_opt(wait::remaining(deadline));
@@ -71,14 +74,18 @@ impl Spares {
                 Err(Error::Connect(_)) => {
                     c.close();
                     let opts = opts.clone().timeout_opt(wait::remaining(deadline));
-                    let c = connector.connect(settings, None, false).await?;
+                    let Some(c) = connect_within(connector, settings, connect_by).await? else {
+                        return Ok(None);
+                    };
                     let got = wait_dedicated(&c, name, key, &opts, comment).await;
                     (c, got)
                 }
                 got => (c, got),
             },
             None => {
-                let c = connector.connect(settings, None, false).await?;
+                let Some(c) = connect_within(connector, settings, connect_by).await? else {
+                    return Ok(None);
+                };
                 let got = wait_dedicated(&c, name, key, opts, comment).await;
                 (c, got)
             }
@@ -90,7 +97,7 @@ impl Spares {
                     key,
                     mode: opts.mode,
                     name: name.clone(),
-                    comment,
+                    text: if comment { Text::Named } else { Text::Plain },
                 },
                 opts.transaction,
                 settings,
@@ -113,6 +120,24 @@ impl Spares {
                 Err(e)
             }
         }
+    }
+}
+
+/// A new connection for a wait, within the wait's own bound (a wait of
+/// 20 ms does not wait 5 s for a connection): `None` when the deadline
+/// passes first.
+async fn connect_within(
+    connector: &Connector,
+    settings: &Settings,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Option<Arc<PgConn>>> {
+    let connect = connector.connect(settings, None, false);
+    match deadline {
+        None => connect.await.map(Some),
+        Some(d) => match tokio::time::timeout_at(d, connect).await {
+            Ok(r) => r.map(Some),
+            Err(_) => Ok(None),
+        },
     }
 }
 
@@ -272,6 +297,11 @@ impl DedicatedGrant {
         budget: budget::Slot,
         hold: Option<PgHold>,
     ) -> Self {
+        if lock.text == Text::Named {
+            // The keepalive probe carries it on: `pg_stat_activity` keeps
+            // naming the lock after the wait statement.
+            lock.conn.remember_name(&lock.name);
+        }
         DedicatedGrant {
             lost: lock.conn.lost_signal(),
             held: Undo::with(

@@ -17,10 +17,12 @@
 //! announces `w <sender> <key>` ("I want it"); a locker holding that key
 //! marks it wanted, and when it releases, it sends `r <sender> <key>` after
 //! the unlock has been answered, which wakes the waiter's poll loop at once.
-//! A locker ignores its own messages. They go out on the lock session (a
-//! locker keeps one connection): a `NOTIFY` commits and can wait on the
-//! disk, but it is sent only when another process waits for the key, so
-//! uncontended locks never pay it. Nothing is notified for keys nobody
+//! A locker ignores its own messages. They go out on the locker's side
+//! connection (opened by the first one), never on the lock session: a
+//! `NOTIFY` commits and can wait on the disk, which must not hold up the
+//! lock session's statements (nor its heartbeat). A waiter that goes on to
+//! wait in the server has announced itself by then, so a holder does not
+//! park the lock for its own tasks. Nothing is notified for keys nobody
 //! waits for (a NOTIFY on every unlock
 //! would cost about as much as the unlock itself). Holders that do not speak
 //! this protocol (the gem, psql) are still noticed by the waiter's backoff
@@ -34,8 +36,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
-use super::conn::{NotifyHandler, PgConn};
+use super::conn::NotifyHandler;
+use super::lazy::Side;
 use super::session_lock::SessionLock;
+use super::sql::CHANNEL;
 use crate::core::arbiter::{Arbiter, Hold, Slot, SlotExt};
 use crate::key::PgKey;
 
@@ -65,9 +69,6 @@ impl SlotExt for PgSlot {
 pub(crate) type PgArbiter = Arbiter<PgKey, PgSlot>;
 /// An in-process hold on a PostgreSQL key.
 pub(crate) type PgHold = Hold<PgKey, PgSlot>;
-
-/// The channel every lock session listens on.
-pub(crate) const CHANNEL: &str = "dbmutex_handoff";
 
 /// How often a waiter repeats its announcement (a holder that took the key
 /// after the last one has not heard it).
@@ -117,15 +118,18 @@ pub(crate) fn handler(arbiter: Arc<PgArbiter>, me: u64) -> NotifyHandler {
 #[derive(Clone)]
 pub(crate) struct Channel {
     pub(crate) sender: u64,
-    pub(crate) conn: Arc<PgConn>,
+    /// Where messages go out (connected on the first one).
+    pub(crate) side: Arc<Side>,
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl Channel {
     fn send(&self, kind: char, key: &PgKey) {
-        let c = self.conn.clone();
+        let side = self.side.clone();
         let text = payload(kind, self.sender, key);
         // Fire and forget: a lost notification only means a later poll.
-        drop(self.conn.runtime.spawn(async move {
+        drop(self.runtime.spawn(async move {
+            let Ok(c) = side.get().await else { return };
             let _ = c
                 .client
                 .query_typed(

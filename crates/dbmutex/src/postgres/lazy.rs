@@ -1,11 +1,13 @@
-//! The locker's two long-lived connections — the lock session and the
-//! second one (pooler check, introspection, hand-off messages) — made on
-//! first use and replaced when lost.
+//! The locker's long-lived connections, made on first use and replaced
+//! when lost: the lock session, and a side connection for what must not
+//! hold up the lock session (introspection, lock-table counts, hand-off
+//! `NOTIFY`s, which commit and may wait on the server's disk) — opened only
+//! when first needed, so an uncontended locker keeps one connection.
 
 use std::sync::{Arc, Mutex};
 
 use super::conn::{Connector, NotifyHandler, PgConn};
-use super::{handoff, pooler};
+use super::{pooler, sql};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -17,15 +19,15 @@ use crate::{Error, Result};
 pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
     if listen {
         conn.client
-            .batch_execute(&format!("LISTEN {}", handoff::CHANNEL))
+            .batch_execute(&format!("LISTEN {}", sql::CHANNEL))
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
     }
-    // The lock session's try and unlock statements are prepared (they carry
-    // no name: see `LockerBuilder::name_comments`).
-    conn.warm_statements()
-        .await
-        .map_err(|e| Error::Connect(Box::new(e)))?;
+    if !settings.name_comments {
+        conn.warm_statements()
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+    }
     drop(conn.start_heartbeat(settings.keepalive, false));
     Ok(())
 }
@@ -74,5 +76,33 @@ impl LazyConn {
     pub(crate) fn live(&self) -> Option<Arc<PgConn>> {
         let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         c.as_ref().filter(|c| !c.is_lost()).cloned()
+    }
+}
+
+/// The side connection: opened on first use (introspection, lock-table
+/// counts, hand-off messages).
+pub(crate) struct Side {
+    lazy: LazyConn,
+    connector: Connector,
+    settings: Settings,
+}
+
+impl Side {
+    pub(crate) fn new(connector: Connector, settings: Settings) -> Self {
+        Side {
+            lazy: LazyConn::default(),
+            connector,
+            settings,
+        }
+    }
+
+    /// The live side connection, connecting one if there is none.
+    pub(crate) async fn get(&self) -> Result<Arc<PgConn>> {
+        self.lazy.get(&self.connector, &self.settings, None).await
+    }
+
+    /// Adopts `conn` (the pooler check's second connection, behind a pooler).
+    pub(crate) fn set(&self, conn: Arc<PgConn>) {
+        self.lazy.set(conn);
     }
 }

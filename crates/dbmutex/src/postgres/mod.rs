@@ -50,11 +50,11 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-pub(crate) use conn::{Connector, NotifyHandler, PgConn};
+pub(crate) use conn::{Connector, NotifyHandler, PgConn, Text};
 use dedicated::Spares;
 use errors::first_text;
 use handoff::{PgArbiter, PgSlot, Want};
-use lazy::{prepare_session, LazyConn};
+use lazy::{prepare_session, LazyConn, Side};
 use session::SessionGrant;
 use session_lock::SessionLock;
 pub use xact::lock_xact;
@@ -71,10 +71,9 @@ pub(crate) struct PgBackend {
     connector: Connector,
     /// The lock session shared by polling session locks.
     session: LazyConn,
-    /// A second connection, only where there is no lock session (behind a
-    /// transaction pooler: transaction locks, introspection): at steady
-    /// state a locker keeps one connection.
-    probe: LazyConn,
+    /// The side connection (introspection, counts, hand-off messages),
+    /// opened on first use: an uncontended locker keeps one connection.
+    side: Arc<Side>,
     arbiter: Arc<PgArbiter>,
     /// Handles the hand-off channel's messages on the lock session.
     on_notify: NotifyHandler,
@@ -106,9 +105,9 @@ impl PgBackend {
         // Tells this locker's hand-off messages from others'.
         let id = fastrand::u64(1..);
         let mut backend = PgBackend {
+            side: Arc::new(Side::new(connector.clone(), settings.clone())),
             connector,
             session: LazyConn::default(),
-            probe: LazyConn::default(),
             arbiter: arbiter.clone(),
             on_notify: handoff::handler(arbiter, id),
             id,
@@ -143,7 +142,7 @@ impl PgBackend {
         if backend.shared_sessions {
             tracing::warn!("dbmutex: {}", pooler::SESSION_LOCKS_UNSAFE);
             session.close();
-            backend.probe.set(other);
+            backend.side.set(other);
         } else {
             prepare_session(&session, settings, true).await?;
             backend.session.set(session);
@@ -153,29 +152,19 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Where introspection and lock-table counts run: the lock session (its
-    /// statements answer at once, and are pipelined), or, where there is
-    /// none (behind a pooler), a second connection made on first use.
-    async fn probe(&self, settings: &Settings) -> Result<Arc<PgConn>> {
-        if !self.shared_sessions {
-            if let Ok(session) = self
-                .session
-                .get(&self.connector, settings, Some(&self.on_notify))
-                .await
-            {
-                return Ok(session);
-            }
-        }
-        self.probe.get(&self.connector, settings, None).await
+    /// Where introspection and lock-table counts run: the side connection,
+    /// so that the lock session only ever runs statements that answer at
+    /// once (its keepalive probe counts on it).
+    async fn probe(&self, _settings: &Settings) -> Result<Arc<PgConn>> {
+        self.side.get().await
     }
 
-    /// Hand-off messages go out on the lock session (a `NOTIFY` commits,
-    /// which may wait on the server's disk: only sent when another process
-    /// waits for the key), or on a second connection where one is up.
+    /// Hand-off messages go out on the side connection.
     fn channel(&self, session: &Arc<PgConn>) -> handoff::Channel {
         handoff::Channel {
             sender: self.id,
-            conn: self.probe.live().unwrap_or_else(|| session.clone()),
+            side: self.side.clone(),
+            runtime: session.runtime.clone(),
         }
     }
 }
@@ -284,15 +273,20 @@ impl Backend for PgBackend {
         at: &'a mut Attempt<'_, Self>,
     ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
-            // Prepared, with no name: the try costs what a raw prepared
-            // `pg_try_advisory_lock` does. The name goes into the session's
-            // keepalive probe instead, where `pg_stat_activity` shows it.
+            // No name in the statement (one text for every try: cheaper to
+            // parse); it goes into the session's keepalive probe instead,
+            // where `pg_stat_activity` shows it. Unnamed unless name comments
+            // are off (then prepared, see `LockerBuilder::name_comments`).
             let lock = SessionLock {
                 conn: tries.conn.clone(),
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
-                comment: false,
+                text: if at.settings.name_comments {
+                    Text::Plain
+                } else {
+                    Text::Prepared
+                },
             };
             // A task of ours may have left the server lock on the session for us.
             let parked = lock.mode == Mode::Exclusive
@@ -327,15 +321,9 @@ impl Backend for PgBackend {
                 .ticket
                 .take()
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
+            // After a failed try, `try_once` has announced the wait (see
+            // `handoff::park`).
             let hold = at.hold.take();
-            if hold.is_some() {
-                // After a failed try: tell the holder, if it is a dbmutex,
-                // that a process waits, so that it does not keep the lock
-                // for its own tasks (see `handoff::park`).
-                if let Some(session) = self.session.live() {
-                    Want::new(self.channel(&session), *at.key).announce();
-                }
-            }
             self.spares.acquire(&self.connector, at, ticket, hold).await
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::conn::PgConn;
+use super::conn::{PgConn, Text};
 use super::errors::{db_err, is_session_end};
 use super::pooler;
 use super::sql::Call;
@@ -20,8 +20,8 @@ pub(crate) struct SessionLock {
     pub(crate) key: PgKey,
     pub(crate) mode: Mode,
     pub(crate) name: LockName,
-    /// Whether statements carry the name in an SQL comment.
-    pub(crate) comment: bool,
+    /// How its statements are sent.
+    pub(crate) text: Text,
 }
 
 impl SessionLock {
@@ -36,7 +36,7 @@ impl SessionLock {
             return Err(lost());
         }
         match conn
-            .lock_call(Call::Unlock, self.mode, &self.key, self.comment.then_some(name))
+            .lock_call(Call::Unlock, self.mode, &self.key, name, self.text)
             .await
         {
             Ok(Some(true)) => Ok(()),
@@ -75,12 +75,7 @@ impl SessionLock {
         drop(self.conn.runtime.spawn(async move {
             let r = this
                 .conn
-                .lock_call(
-                    Call::Try,
-                    this.mode,
-                    &this.key,
-                    this.comment.then_some(&this.name),
-                )
+                .lock_call(Call::Try, this.mode, &this.key, &this.name, this.text)
                 .await;
             let r = match r {
                 Err(e) => Err(db_err(e, &this.name)),

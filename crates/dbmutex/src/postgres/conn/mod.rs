@@ -16,4 +16,4 @@ mod session;
 mod tls;
 
 pub(crate) use connector::Connector;
-pub(crate) use session::{LockTable, NotifyHandler, PgConn};
+pub(crate) use session::{LockTable, NotifyHandler, PgConn, Text};

@@ -11,6 +11,20 @@ use crate::key::PgKey;
 use crate::postgres::sql::{self, Call};
 use crate::{LockName, Mode};
 
+/// How a lock statement is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Text {
+    /// Unnamed (one round trip, parsed each time), the name in a comment.
+    Named,
+    /// Unnamed, no comment. Safe behind any pooler: nothing is left on the
+    /// server session between statements.
+    Plain,
+    /// A named prepared statement (`name_comments(false)`): parsed once per
+    /// connection. Behind a pooler that passes statement names through, a
+    /// name may meet another client's statement: only without one.
+    Prepared,
+}
+
 /// What to do with `NOTIFY` messages arriving on a connection.
 pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
@@ -141,7 +155,8 @@ impl PgConn {
         call: Call,
         mode: Mode,
         key: &PgKey,
-        name: Option<&LockName>,
+        name: &LockName,
+        text: Text,
     ) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
         let owner = self.owner();
         if owner.is_empty() {
@@ -149,14 +164,18 @@ impl PgConn {
             self.moved();
             return Ok(None);
         }
-        let rows = match name {
-            Some(name) => {
+        let rows = match text {
+            Text::Named => {
                 let comment = crate::key::sql_comment(name);
                 let (sql, params) = sql::bound_commented(call, false, mode, key, &comment, owner);
                 *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = comment;
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
-            None => {
+            Text::Plain => {
+                let (sql, params) = sql::bound_plain(call, false, mode, key, owner);
+                self.client.query_typed(&sql, &params.as_typed()).await?
+            }
+            Text::Prepared => {
                 let stmt = self.prepared(call, mode, key).await?;
                 let params = sql::Params::of(key, owner);
                 let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
@@ -192,10 +211,10 @@ impl PgConn {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Prepares the unlock statements, so that no unlock waits for a prepare
-    /// (a release dropped mid-prepare would not know whether its unlock
-    /// went out). The try statements are prepared on first use: a try
-    /// dropped mid-prepare has locked nothing.
+    /// Prepares the unlock statements ([`Text::Prepared`]), so that no
+    /// unlock waits for a prepare (a release dropped mid-prepare would not
+    /// know whether its unlock went out). The try statements are prepared
+    /// on first use: a try dropped mid-prepare has locked nothing.
     pub(crate) async fn warm_statements(&self) -> std::result::Result<(), tokio_postgres::Error> {
         for mode in [Mode::Exclusive, Mode::Shared] {
             for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
