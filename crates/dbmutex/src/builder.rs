@@ -151,15 +151,17 @@ impl LockerBuilder {
     /// Whether PostgreSQL shows lock names in SQL comments (default `true`,
     /// as the gem does), where they are seen: a statement that waits in the
     /// server carries the name (so `pg_stat_activity` shows who waits for
-    /// what), and the lock session's keepalive probe carries the name of its
-    /// last lock (so `pg_stat_activity` and `dbmutex list` name it once the
-    /// session has been quiet for the [`keepalive`](Self::keepalive) period).
-    /// The lock session's try and unlock statements never carry it: they are
-    /// prepared once per connection, and cost what a raw prepared
-    /// `pg_try_advisory_lock` does (a comment made each statement's text
-    /// unique, parsed every time: the raw statements sent that way run at
-    /// 0.91 × pgbench, BENCHMARKS.md). With
-    /// `false`, no statement carries a name.
+    /// what), and a lock connection's keepalive probe carries the name of its
+    /// last lock (so `pg_stat_activity` and another process's `dbmutex list`
+    /// name it once the connection has been quiet for the
+    /// [`keepalive`](Self::keepalive) period; a locker's own `list` names its
+    /// locks at once). The lock session's try and unlock statements carry no
+    /// name (one text for all, unnamed: safe behind any pooler). With
+    /// `false`, no statement carries a name, and the lock session's
+    /// statements are prepared once per connection, which is cheaper for the
+    /// server (BENCHMARKS.md) but not for use behind a pooler that could
+    /// slip past the connect-time check: statement names could meet another
+    /// client's.
     /// [`postgres::lock_xact`](crate::postgres::lock_xact) in your own
     /// transaction always carries it.
     pub fn name_comments(mut self, on: bool) -> Self {
@@ -167,11 +169,14 @@ impl LockerBuilder {
         self
     }
 
-    /// The most names this locker (and its clones) waits for in the server at
-    /// once under the default [`WaitStrategy::TryThenServer`](crate::WaitStrategy::TryThenServer)
-    /// (default [`DEFAULT_MAX_SERVER_WAITS`]). Each such wait, and the lock it
-    /// then holds, takes a server connection of its own until released; past
-    /// the bound, waiters poll on the shared lock session instead. PostgreSQL
+    /// The most waits in the server (and locks won by them, until released)
+    /// this locker (and its clones) has at once under the default
+    /// [`WaitStrategy::TryThenServer`](crate::WaitStrategy::TryThenServer)
+    /// (default [`DEFAULT_MAX_SERVER_WAITS`]). Each takes a server connection
+    /// of its own (up to 4 of them are kept idle afterwards for the next
+    /// wait); past the bound, waiters poll on the shared lock session
+    /// instead. Waits asked for with [`WaitStrategy::Server`](crate::WaitStrategy::Server)
+    /// are not counted. PostgreSQL
     /// only (MySQL holds every lock on a connection of its own anyway; the
     /// local backend always polls). `0` makes every wait poll.
     pub fn max_server_waits(mut self, n: usize) -> Self {

@@ -29,16 +29,19 @@ impl Mode {
 pub enum WaitStrategy {
     /// The default. One try on the locker's shared lock session (the
     /// cheapest way when the lock is free), then a wait in the server's
-    /// queue as [`WaitStrategy::Server`] does: fair between processes
-    /// (the server hands the lock to the longest waiter), woken the moment
-    /// any holder releases (the gem, psql, another dbmutex), with deadlock
-    /// detection on PostgreSQL. Tasks of one process queue first come, first
-    /// served in the process, so at most one per name waits in the server.
-    /// A PostgreSQL locker waits in the server for at most
+    /// queue as [`WaitStrategy::Server`] does: fair between processes (the
+    /// server hands the lock to the longest waiter), woken the moment any
+    /// holder releases (the gem, psql, another dbmutex). Tasks of one
+    /// process queue first come, first served in the process, so for an
+    /// exclusive lock at most one task per name and locker waits in the
+    /// server. A PostgreSQL locker has at most
     /// [`LockerBuilder::max_server_waits`](crate::LockerBuilder::max_server_waits)
-    /// names at once (each such wait, and the lock it gets, takes a
-    /// connection of its own); past that it polls as [`WaitStrategy::Poll`].
-    /// The local backend always polls; MySQL always waits in the server.
+    /// such waits (and locks won by them) at once, each on a connection of
+    /// its own; past that it polls as [`WaitStrategy::Poll`]. PostgreSQL's
+    /// deadlock detection sees only the waiting connection's own locks, so a
+    /// cycle through other locks the process holds is not detected (as with
+    /// [`WaitStrategy::Poll`]). The local backend always polls; MySQL always
+    /// waits in the server.
     #[default]
     TryThenServer,
     /// Try, then retry with jittered, growing backoff (capped at

@@ -1,5 +1,5 @@
 //! Who holds what: the server's `pg_locks`, joined with
-//! `pg_stat_activity`, read on the locker's second connection.
+//! `pg_stat_activity`, read on the locker's side connection (see [`super::lazy`]).
 
 use tokio_postgres::types::Type;
 

@@ -122,7 +122,8 @@ impl PgBackend {
             }),
         };
         // Connect now, so a bad URL, server or password fails here. The
-        // second connection serves the pooler check, then introspection.
+        // second connection serves the pooler check (and is then closed, or kept
+        // as the side connection behind a pooler).
         // The lock session listens only once no pooler was seen.
         let (session, other) = tokio::join!(
             backend
