@@ -986,3 +986,53 @@ async fn schemes_in_any_case_connect() {
         g.release().await.unwrap();
     }
 }
+
+/// A server that takes no more connections does not fail a default wait:
+/// with no connection to wait in the server on, the waiter polls on its
+/// lock session (which needs none) and gets the lock once it is free.
+/// On a private server: it fills every connection slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_wait_polls_when_the_server_is_full() {
+    let pg = common::PrivatePg::start(&[("max_connections", "6"), ("superuser_reserved_connections", "0")]);
+    let name = unique("full-server");
+    let waiter = Locker::connect(&pg.url()).await.unwrap();
+    // The holder, as another process: a raw session lock.
+    let holder = pg.raw().await;
+    let (k1, k2) = match dbmutex::key::pg_key(&name.as_str().into(), &dbmutex::Prefix::from_env()) {
+        dbmutex::key::PgKey::Pair(a, b) => (a, b),
+        other => panic!("{other:?}"),
+    };
+    holder
+        .execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    // Every other slot taken.
+    let mut fill = Vec::new();
+    while let Ok((c, conn)) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await {
+        tokio::spawn(conn);
+        fill.push(c);
+        assert!(fill.len() < 20, "max_connections is not being enforced");
+    }
+    let w = tokio::spawn(async move {
+        let g = waiter
+            .acquire(
+                name.as_str(),
+                &LockOptions::new().timeout(Duration::from_secs(10)),
+            )
+            .await;
+        (waiter, g)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_finished(), "waits while held");
+    holder
+        .execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    let (_waiter, g) = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the waiter gets the lock by polling")
+        .unwrap();
+    let g = g.expect("no connection error: the wait polls").expect("acquired");
+    g.release().await.unwrap();
+    drop(fill);
+}

@@ -137,6 +137,13 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         at: &'a mut Attempt<'_, Self>,
     ) -> impl Fut<'a, Option<Box<dyn Grant>>>;
 
+    /// Under [`WaitIn::TryThenServer`]: whether a wait in the server can
+    /// start now (PostgreSQL: a connection for it is at hand). If not (the
+    /// server refuses more connections), the core polls instead.
+    fn ready_to_wait<'a>(&'a self, _at: &'a Attempt<'_, Self>) -> impl Fut<'a, bool> {
+        std::future::ready(Ok(true))
+    }
+
     /// Waits in the server until `at.deadline`; only called when the plan
     /// says [`WaitIn::Server`] or [`WaitIn::TryThenServer`] (then `at.hold`
     /// is the in-process hold: the grant keeps it until released).

@@ -162,20 +162,20 @@ impl<B: Backend> Pipeline<B> {
                 if opts.is_try_once() || at.deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Ok(None);
                 }
-                match self.server_waits.clone().try_acquire_owned() {
-                    Ok(permit) => {
-                        drop(tries);
-                        let g = self.backend.wait_in_server(&mut at).await?;
-                        Ok(g.map(|grant| {
-                            Box::new(Permitted {
-                                grant,
-                                _permit: permit,
-                            }) as Box<dyn Grant>
-                        }))
-                    }
-                    // As many waits in the server as allowed: poll.
-                    Err(_) => self.poll(&tries, &mut at, max_backoff).await,
-                }
+                // A permit (the locker's bound on server waits) and a
+                // connection to wait on; without either, poll.
+                let permit = match self.server_waits.clone().try_acquire_owned() {
+                    Ok(p) if self.backend.ready_to_wait(&at).await? => p,
+                    _ => return self.poll(&tries, &mut at, max_backoff).await,
+                };
+                drop(tries);
+                let g = self.backend.wait_in_server(&mut at).await?;
+                Ok(g.map(|grant| {
+                    Box::new(Permitted {
+                        grant,
+                        _permit: permit,
+                    }) as Box<dyn Grant>
+                }))
             }
         }
     }

@@ -5,12 +5,11 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::types::Type;
-
 use super::budget;
 use super::conn::{Connector, PgConn, Text};
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::handoff::PgHold;
+use super::introspect;
 use super::pooler;
 use super::session_lock::SessionLock;
 use super::sql::{self, Call};
@@ -23,7 +22,7 @@ use crate::core::loss::LossToken;
 use crate::core::wait;
 use crate::key::PgKey;
 use crate::settings::Settings;
-use crate::{Error, LockName, LockOptions, Mode, Result};
+use crate::{Error, LockName, LockOptions, Result};
 
 /// How many idle dedicated connections a locker keeps.
 const MAX_SPARES: usize = 4;
@@ -50,6 +49,32 @@ impl Default for Spares {
 }
 
 impl Spares {
+    /// Makes sure an idle connection is at hand for the next wait,
+    /// connecting one (within `deadline`) if needed: `false` when none can
+    /// be had now.
+    pub(crate) async fn ready(
+        &self,
+        connector: &Connector,
+        settings: &Settings,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<bool> {
+        if let Some(c) = self.0.take() {
+            self.0.put(c);
+            return Ok(true);
+        }
+        match connect_within(connector, settings, deadline).await {
+            Ok(Some(c)) => {
+                self.0.put(c);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => {
+                tracing::debug!(error = %e, "dbmutex: no connection for a server-side wait; polling instead");
+                Ok(false)
+            }
+        }
+    }
+
     /// Waits for `name` on a connection of its own: an idle one, else a new
     /// one (also when the idle one turns out dead: once, within what is
     /// left of the caller's bound). `ticket` is the room in the lock table
@@ -221,7 +246,10 @@ async fn wait_session_dedicated(
         // session lock outlives the aborted statement: ask whether we hold
         // it (then it is ours, a little late), so a spare never keeps one.
         Err(e) if is_lock_timeout(&e) => {
-            match holds(conn, &key, opts.mode).await.map_err(|e| db_err(e, name))? {
+            match introspect::holds(conn, &key, opts.mode)
+                .await
+                .map_err(|e| db_err(e, name))?
+            {
                 Some(held) => Ok(held),
                 None => {
                     conn.moved();
@@ -231,39 +259,6 @@ async fn wait_session_dedicated(
         }
         Err(e) => Err(db_err(e, name)),
     }
-}
-
-/// Whether this connection's own server session holds `key` in `mode`;
-/// `None` when the question ran on another server session (see
-/// `PgConn::claim`).
-async fn holds(
-    conn: &PgConn,
-    key: &PgKey,
-    mode: Mode,
-) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
-    let (classid, objid, objsubid) = key.pg_locks_ids();
-    let lock_mode = if mode == Mode::Shared {
-        "ShareLock"
-    } else {
-        "ExclusiveLock"
-    };
-    let owner = conn.owner();
-    let rows = conn
-        .client
-        .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4) \
-             WHERE current_setting('dbmutex.owner', true) = $5",
-            &[
-                (&classid, Type::OID),
-                (&objid, Type::OID),
-                (&objsubid, Type::INT2),
-                (&lock_mode, Type::TEXT),
-                (&owner, Type::TEXT),
-            ],
-        )
-        .await?;
-    Ok(rows.first().map(|r| r.get::<_, bool>(0)))
 }
 
 /// A lock on a connection of its own (server-side wait or transaction lock).

@@ -78,3 +78,36 @@ fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
         },
     }
 }
+
+/// Whether this connection's own server session holds `key` in `mode`;
+/// `None` when the question ran on another server session (see
+/// `PgConn::claim`).
+pub(crate) async fn holds(
+    conn: &PgConn,
+    key: &PgKey,
+    mode: Mode,
+) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let lock_mode = if mode == Mode::Shared {
+        "ShareLock"
+    } else {
+        "ExclusiveLock"
+    };
+    let owner = conn.owner();
+    let rows = conn
+        .client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4) \
+             WHERE current_setting('dbmutex.owner', true) = $5",
+            &[
+                (&classid, Type::OID),
+                (&objid, Type::OID),
+                (&objsubid, Type::INT2),
+                (&lock_mode, Type::TEXT),
+                (&owner, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(rows.first().map(|r| r.get::<_, bool>(0)))
+}

@@ -316,6 +316,14 @@ impl Backend for PgBackend {
         }
     }
 
+    /// A connection for the wait is at hand (an idle one, or a new one
+    /// made now): else the core polls on the lock session, which needs none
+    /// (a server at `max_connections` must not fail a wait that polling
+    /// would serve).
+    fn ready_to_wait<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, bool> {
+        self.spares.ready(&self.connector, at.settings, at.deadline)
+    }
+
     fn wait_in_server<'a>(&'a self, at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
             let ticket = at
