@@ -265,16 +265,22 @@ async fn task(
         let mut opts = LockOptions::new()
             .timeout(Duration::from_millis(timeout))
             .max_backoff(Duration::from_millis(10));
-        // The holder id says how the lock was taken: s(ession, polling),
-        // w(ait in the server), x (transaction, polling), X (transaction, server wait).
+        // The holder id says how the lock was taken: s(ession, the default:
+        // a try, then a wait in the server), p(olling session lock),
+        // w(ait in the server at once), x (transaction, polling),
+        // X (transaction, server wait).
         let how = match rng.u8(0..10) {
-            0..=5 => 's',
+            0..=3 => 's',
+            4..=5 => 'p',
             6..=7 => 'w',
             8 => 'x',
             _ => 'X',
         };
         if matches!(how, 'w' | 'X') {
             opts = opts.wait_strategy(WaitStrategy::Server);
+        }
+        if matches!(how, 'p' | 'x') {
+            opts = opts.wait_strategy(WaitStrategy::Poll);
         }
         if matches!(how, 'x' | 'X') {
             opts = opts.transaction(true);
