@@ -30,20 +30,11 @@ pub(super) struct LockConn {
     /// Kills the session from another connection when it must end.
     connector: Arc<Connector>,
     runtime: tokio::runtime::Handle,
-    /// The ping period.
-    keepalive: Duration,
-    /// When the session took its first lock.
-    born: std::time::Instant,
-    /// Its watcher runs (started by the loss check's first look at it, so a
-    /// lock held for less than that costs no task).
-    watched: AtomicBool,
 }
 
 impl LockConn {
     /// Wraps a connection that just took its first lock, and starts its
-    /// watcher. (Starting it lazily, from the loss check, saved a task per
-    /// short lock, but a loss check stalled on a partition could then leave
-    /// a new lock unwatched past the documented bound.)
+    /// watcher.
     pub(super) fn start(
         connector: &Arc<Connector>,
         runtime: &tokio::runtime::Handle,
@@ -62,27 +53,9 @@ impl LockConn {
             poke: Notify::new(),
             connector: connector.clone(),
             runtime: runtime.clone(),
-            keepalive,
-            born: std::time::Instant::now(),
-            watched: AtomicBool::new(false),
         });
-        lc.ensure_watched();
+        drop(runtime.spawn(watch_conn(lc.clone(), keepalive, ping_timeout(keepalive))));
         lc
-    }
-
-    /// Starts the watcher unless it runs: its first ping goes out
-    /// `keepalive` after the session took its first lock (at once if that
-    /// is past), the next ones every `keepalive`.
-    pub(super) fn ensure_watched(self: &Arc<Self>) {
-        if !self.watched.swap(true, Ordering::AcqRel) {
-            let first = self.keepalive.saturating_sub(self.born.elapsed());
-            drop(self.runtime.spawn(watch_conn(
-                self.clone(),
-                first,
-                self.keepalive,
-                ping_timeout(self.keepalive),
-            )));
-        }
     }
 
     /// The server's connection id.
@@ -103,8 +76,7 @@ impl LockConn {
     /// Pings the session now: the loss check could not reach the server, so
     /// the session may be gone too (a server restart closes every socket,
     /// and a ping on a closed socket fails at once).
-    pub(super) fn poke(self: &Arc<Self>) {
-        self.ensure_watched();
+    pub(super) fn poke(&self) {
         self.poke.notify_one();
     }
 
@@ -213,11 +185,10 @@ impl Drop for Borrowed {
 /// Pings the session every `keepalive`; when a ping fails or gets no answer
 /// within `timeout`, closes the connection and reports its locks lost. Ends
 /// when the session is handed back or gone.
-async fn watch_conn(lc: Arc<LockConn>, first: Duration, keepalive: Duration, timeout: Duration) {
-    let mut wait = first;
+async fn watch_conn(lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
     loop {
         tokio::select! {
-            () = tokio::time::sleep(std::mem::replace(&mut wait, keepalive)) => {}
+            () = tokio::time::sleep(keepalive) => {}
             () = lc.stop.notified() => return,
             () = lc.poke.notified() => {}
         }
