@@ -1036,3 +1036,43 @@ async fn default_wait_polls_when_the_server_is_full() {
     g.release().await.unwrap();
     drop(fill);
 }
+
+/// `max_server_waits(0)`: every wait polls the lock session; none waits in
+/// the server (nothing of the locker's shows a `Lock` wait), and it still
+/// gets the lock once the holder lets go.
+#[tokio::test]
+async fn max_server_waits_zero_polls() {
+    let app = unique("no-server-waits");
+    let locker = Backend::Postgres
+        .connect(
+            Locker::builder(&pg_url())
+                .application_name(&app)
+                .max_server_waits(0),
+        )
+        .await;
+    let holder = Backend::Postgres.locker().await;
+    let name = unique("no-server-waits");
+    let g = holder.lock(name.as_str()).await.unwrap();
+    let w = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move { locker.lock(name.as_str()).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.is_finished(), "waits while held");
+    let raw = pg_raw().await;
+    let waiting: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 0, "no wait in the server");
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), w)
+        .await
+        .expect("the poller gets it")
+        .unwrap();
+    got.release().await.unwrap();
+}
