@@ -5,7 +5,8 @@
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
 # from Debian's packages when absent, and that pgbouncer, openssl and
 # flock(1) are installed (the pooler tests start their own pgbouncer). Then
-# runs `cargo test --workspace --no-fail-fast`, so one failure never hides
+# runs `cargo test --workspace --all-features --no-fail-fast` (every optional
+# integration, such as sqlx, is tested too), so one failure never hides
 # the others, and ends with a one-line summary (passed, failed, ignored,
 # test binaries run); the exit status is non-zero when anything failed.
 #
@@ -98,10 +99,10 @@ fi
 
 log=$(mktemp "${TMPDIR:-/tmp}/dbmutex-test.XXXXXX")
 trap 'rm -f "$log"' EXIT
-say "running cargo test --workspace --no-fail-fast $*"
+say "running cargo test --workspace --all-features --no-fail-fast $*"
 start=$(date +%s)
 set +e
-cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # Sum the `test result:` lines; every test binary (and doctest run) prints

@@ -4,23 +4,51 @@ use tokio_postgres::error::SqlState;
 
 use crate::{Error, LockName, Result};
 
+/// A failed statement, as either driver reports it.
+pub(crate) struct Failure {
+    /// The SQLSTATE, when the server answered with an error.
+    pub(crate) code: Option<String>,
+    /// The connection is gone.
+    pub(crate) closed: bool,
+    pub(crate) source: Box<dyn std::error::Error + Send + Sync>,
+}
+
 /// Maps a driver error met while acquiring `name`.
 pub(crate) fn db_err(e: tokio_postgres::Error, name: &LockName) -> Error {
-    match e.code() {
-        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => Error::Deadlock {
+    map_failure(failure(e), name)
+}
+
+/// A driver error as the driver-neutral [`Failure`].
+pub(crate) fn failure(e: tokio_postgres::Error) -> Failure {
+    Failure {
+        code: e.code().map(|c| c.code().to_owned()),
+        closed: e.is_closed(),
+        source: Box::new(e),
+    }
+}
+
+/// Maps a failed statement (of either driver) met while acquiring `name`.
+pub(crate) fn map_failure(f: Failure, name: &LockName) -> Error {
+    let code = f.code.as_deref().unwrap_or("");
+    if code == SqlState::T_R_DEADLOCK_DETECTED.code() {
+        Error::Deadlock {
             name: name.to_string(),
-            source: Box::new(e),
-        },
-        Some(c) if *c == SqlState::OUT_OF_MEMORY => Error::LockTableFull(Box::new(e)),
-        Some(c)
-            if *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::CRASH_SHUTDOWN
-                || *c == SqlState::CANNOT_CONNECT_NOW =>
-        {
-            Error::Connect(Box::new(e))
+            source: f.source,
         }
-        _ if e.is_closed() => Error::Connect(Box::new(e)),
-        _ => Error::Database(Box::new(e)),
+    } else if code == SqlState::OUT_OF_MEMORY.code() {
+        Error::LockTableFull(f.source)
+    } else if [
+        &SqlState::ADMIN_SHUTDOWN,
+        &SqlState::CRASH_SHUTDOWN,
+        &SqlState::CANNOT_CONNECT_NOW,
+    ]
+    .iter()
+    .any(|c| c.code() == code)
+        || f.closed
+    {
+        Error::Connect(f.source)
+    } else {
+        Error::Database(f.source)
     }
 }
 

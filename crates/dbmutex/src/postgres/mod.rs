@@ -21,8 +21,10 @@
 //!   **transaction locks** ([`LockOptions::transaction`]) use a dedicated
 //!   connection per guard, because a blocked statement would stall the
 //!   shared session.
-//! - **Your own transaction**: [`lock_xact`] takes a transaction-level lock in
-//!   a `tokio_postgres::Transaction` you own.
+//! - **Your own connection**: [`lock_xact`] takes a transaction-level lock in
+//!   a `tokio_postgres::Transaction` you own, [`lock_session`] a session lock
+//!   on a `Client` (or a pool object that derefs to one); with the `sqlx`
+//!   feature, [`sqlx`] does both on an sqlx connection.
 //! - **Behind a transaction pooler** (PgBouncer `pool_mode = transaction`),
 //!   which dbmutex detects when it connects, session locks fail with
 //!   [`Error::Unsupported`]; use [`LockOptions::transaction`].
@@ -33,6 +35,7 @@
 //! re-acquired silently.
 
 mod budget;
+mod caller;
 mod conn;
 mod dedicated;
 mod errors;
@@ -50,6 +53,9 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+#[cfg(feature = "sqlx")]
+pub use caller::sqlx;
+pub use caller::{lock_session, CallerClient, ClientLockGuard};
 pub(crate) use conn::{Connector, NotifyHandler, PgConn, Text};
 use dedicated::Spares;
 use errors::first_text;

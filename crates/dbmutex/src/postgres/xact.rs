@@ -2,11 +2,12 @@
 //! [`Locker`](crate::Locker), and [`lock_xact`] inside a transaction the
 //! caller owns.
 
-use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
+use super::caller::client::Tp;
+use super::caller::procedure::{acquire, Request, SESSION_OF_ANOTHER};
 use super::conn::PgConn;
-use super::errors::{db_err, first_bool, first_text, is_lock_timeout, row_count};
+use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::sql::{self, Call};
 use crate::core::wait;
 use crate::key::{pg_key, PgKey, Prefix};
@@ -38,14 +39,6 @@ async fn poll_xact<C: GenericClient + Sync>(
     .await?;
     Ok(got.is_some())
 }
-
-/// The message when a transaction landed on a server session that another
-/// client of ours claimed (behind a pooler): its session locks would be
-/// re-entrant for our transaction lock there.
-const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another dbmutex \
-     client holds session locks on (a pooler shares server sessions, and some client took session \
-     locks through it): a transaction lock there would not exclude that client. Use transaction \
-     locks only (LockOptions::transaction(true)) for every client behind this pooler";
 
 /// A transaction-level lock inside a transaction opened on a dedicated connection.
 pub(crate) async fn wait_xact_dedicated(
@@ -119,48 +112,12 @@ pub async fn lock_xact(
 ) -> Result<bool> {
     let name = name.into();
     name.validate()?;
-    let key = pg_key(&name, prefix);
-    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
-        return poll_xact(tx, &name, key, opts, "", true).await;
-    }
-    let lock = sql::inline(Call::Wait, true, opts.mode, &key, Some(&name), "");
-    // lock_timeout is set even for an unbounded wait (to 0): a default from
-    // the role or database must not cut the wait short.
-    let batch = format!(
-        "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
-         SELECT set_config('lock_timeout', '{}ms', true); {lock}; RELEASE SAVEPOINT dbmutex_wait",
-        sql::wait_ms(opts.timeout)
-    );
-    match tx.simple_query(&batch).await {
-        Ok(msgs) => {
-            // A setting made inside a released savepoint stays in force
-            // until the transaction ends: put the old value back.
-            let old = first_text(&msgs).unwrap_or_default();
-            tx.query_typed(
-                "SELECT set_config('lock_timeout', $1, true)",
-                &[(&old, Type::TEXT)],
-            )
-            .await
-            .map_err(|e| db_err(e, &name))?;
-            // Rows: the old setting, the new one, the lock (unless its guard
-            // found another client's session).
-            if row_count(&msgs) == 3 {
-                Ok(true)
-            } else {
-                Err(Error::Unsupported(SESSION_OF_ANOTHER.into()))
-            }
-        }
-        Err(e) => {
-            // Back to the savepoint: the transaction, its settings and its
-            // other locks are as they were before the wait.
-            tx.batch_execute("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")
-                .await
-                .map_err(|e2| db_err(e2, &name))?;
-            if is_lock_timeout(&e) {
-                Ok(false)
-            } else {
-                Err(db_err(e, &name))
-            }
-        }
-    }
+    let r = Request {
+        name: &name,
+        key: pg_key(&name, prefix),
+        opts,
+        xact: true,
+        in_tx: true,
+    };
+    acquire(&mut Tp(tx.client()), &r).await
 }

@@ -1,0 +1,222 @@
+//! The one locking procedure for connections the caller owns, over any
+//! driver that can run simple-protocol batches ([`Exec`]).
+
+use std::future::Future;
+
+use crate::core::wait;
+use crate::key::PgKey;
+use crate::postgres::errors::{map_failure, Failure};
+use crate::postgres::sql::{self, Call};
+use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
+
+/// A connection that runs simple-protocol batches.
+pub(crate) trait Exec: Send {
+    /// Runs `sql` (one or more statements) and returns the first column of
+    /// every row of every statement, as text.
+    fn batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a;
+}
+
+/// What to lock, and how.
+pub(crate) struct Request<'a> {
+    pub(crate) name: &'a LockName,
+    pub(crate) key: PgKey,
+    pub(crate) opts: &'a LockOptions,
+    /// A transaction-level lock (else a session lock).
+    pub(crate) xact: bool,
+    /// The connection is inside a transaction block.
+    pub(crate) in_tx: bool,
+}
+
+/// The message when a transaction landed on a server session that another
+/// dbmutex client holds session locks on (behind a pooler): its session
+/// locks would be re-entrant for our transaction lock there.
+pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another \
+     dbmutex client holds session locks on (a pooler shares server sessions, and some client took \
+     session locks through it): a transaction lock there would not exclude that client. Use \
+     transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
+
+impl Request<'_> {
+    /// `SELECT fn(key)`, and for a transaction lock the guard that refuses a
+    /// server session another dbmutex client claimed (no row then).
+    fn statement(&self, call: Call, name: Option<&LockName>) -> String {
+        if self.xact {
+            return sql::inline(call, true, self.opts.mode, &self.key, name, "");
+        }
+        let f = sql::function(call, false, self.opts.mode);
+        match name {
+            Some(n) => format!(
+                "SELECT {f}({}) /* {} */",
+                self.key.sql_args(),
+                crate::key::sql_comment(n)
+            ),
+            None => format!("SELECT {f}({})", self.key.sql_args()),
+        }
+    }
+}
+
+/// Takes the lock `r` asks for on `c`; `false` when the wait ended without it.
+pub(crate) async fn acquire<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
+    let deadline = wait::deadline(r.opts.timeout);
+    // No name on the try: one text per key form, and nobody sees it. The
+    // server wait carries it, where pg_stat_activity shows it.
+    let try_sql = r.statement(Call::Try, None);
+    if try_lock(c, &try_sql, r.name).await? {
+        return Ok(true);
+    }
+    if r.opts.is_try_once() {
+        return Ok(false);
+    }
+    if r.opts.strategy == WaitStrategy::Poll {
+        let mut backoff = wait::Backoff::new(deadline, r.opts.max_backoff);
+        while backoff.pause(None).await {
+            if try_lock(c, &try_sql, r.name).await? {
+                return Ok(true);
+            }
+        }
+        return Ok(false);
+    }
+    wait_in_server(c, r, wait::remaining(deadline)).await
+}
+
+async fn try_lock<E: Exec>(c: &mut E, sql: &str, name: &LockName) -> Result<bool> {
+    let rows = c.batch(sql).await.map_err(|f| map_failure(f, name))?;
+    match rows.first() {
+        Some(v) => Ok(v.as_deref() == Some("t")),
+        None => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+    }
+}
+
+/// Waits in the server, `lock_timeout` set to `left` (none: no bound) for
+/// the wait only. Outside a transaction block the settings are `SET LOCAL`
+/// in the batch's implicit transaction, which ends with the batch; inside
+/// one, the wait runs in a savepoint and the old values are put back.
+async fn wait_in_server<E: Exec>(
+    c: &mut E,
+    r: &Request<'_>,
+    left: Option<std::time::Duration>,
+) -> Result<bool> {
+    let lock = r.statement(Call::Wait, Some(r.name));
+    let set = format!(
+        "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0",
+        sql::wait_ms(left)
+    );
+    if !r.in_tx {
+        return match c.batch(&format!("{set}; {lock}")).await {
+            Ok(rows) if rows.is_empty() => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+            Ok(_) => Ok(true),
+            Err(f) if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) => Ok(false),
+            Err(f) => Err(map_failure(f, r.name)),
+        };
+    }
+    let batch = format!(
+        "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
+         SELECT current_setting('statement_timeout'); {set}; {lock}; RELEASE SAVEPOINT dbmutex_wait"
+    );
+    match c.batch(&batch).await {
+        Ok(rows) => {
+            // A setting made in a released savepoint lasts until the
+            // transaction ends: put the old values back.
+            let old = |i: usize| literal(rows.get(i).cloned().flatten().as_deref().unwrap_or("0"));
+            let restore = format!(
+                "SELECT set_config('lock_timeout', {}, true), set_config('statement_timeout', {}, true)",
+                old(0),
+                old(1)
+            );
+            c.batch(&restore).await.map_err(|f| map_failure(f, r.name))?;
+            // Rows: the two old settings, then the lock's (none when the
+            // transaction guard refused the session).
+            if rows.len() == 3 {
+                Ok(true)
+            } else {
+                Err(Error::Unsupported(SESSION_OF_ANOTHER.into()))
+            }
+        }
+        Err(f) => {
+            // Back to the savepoint: the transaction, its settings and its
+            // other locks are as they were before the wait.
+            c.batch("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")
+                .await
+                .map_err(|f2| map_failure(f2, r.name))?;
+            if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) {
+                Ok(false)
+            } else {
+                Err(map_failure(f, r.name))
+            }
+        }
+    }
+}
+
+/// SQLSTATE 55P03: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// `value` as an SQL string literal, whatever `standard_conforming_strings` says.
+fn literal(value: &str) -> String {
+    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// `SELECT pg_advisory_unlock[_shared](key)`.
+pub(crate) fn unlock_sql(key: &PgKey, mode: Mode) -> String {
+    format!(
+        "SELECT {}({})",
+        sql::function(Call::Unlock, false, mode),
+        key.sql_args()
+    )
+}
+
+/// Runs the unlock of a session lock; `Err(LockLost)` when the session did
+/// not hold it (the connection was reset, or a pooler moved it).
+pub(crate) async fn unlock<E: Exec>(c: &mut E, key: &PgKey, mode: Mode, name: &LockName) -> Result<()> {
+    let rows = c
+        .batch(&unlock_sql(key, mode))
+        .await
+        .map_err(|f| map_failure(f, name))?;
+    match rows.first() {
+        Some(Some(v)) if v == "t" => Ok(()),
+        _ => Err(Error::LockLost {
+            name: name.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_survive_quotes_and_backslashes() {
+        assert_eq!(literal("5s"), "E'5s'");
+        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
+    }
+
+    #[test]
+    fn statements() {
+        let name: LockName = "x".into();
+        let opts = LockOptions::new().shared(true);
+        let r = Request {
+            name: &name,
+            key: PgKey::Pair(1, -2),
+            opts: &opts,
+            xact: false,
+            in_tx: false,
+        };
+        assert_eq!(
+            r.statement(Call::Try, None),
+            "SELECT pg_try_advisory_lock_shared(1,-2)"
+        );
+        assert_eq!(
+            r.statement(Call::Wait, Some(&name)),
+            "SELECT pg_advisory_lock_shared(1,-2) /* x */"
+        );
+        assert_eq!(
+            unlock_sql(&PgKey::Big(7), Mode::Exclusive),
+            "SELECT pg_advisory_unlock(7)"
+        );
+        let x = Request { xact: true, ..r };
+        assert!(x
+            .statement(Call::Try, None)
+            .starts_with("SELECT pg_try_advisory_xact_lock_shared(1,-2) WHERE"));
+    }
+}

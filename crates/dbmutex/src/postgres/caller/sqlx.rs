@@ -1,0 +1,299 @@
+//! Locks on an sqlx PostgreSQL connection (feature `sqlx`): a transaction
+//! lock in an sqlx transaction ([`lock_xact`]), and a session lock on a
+//! connection handed over for the hold ([`lock_session`]): a pool's
+//! `PoolConnection<Postgres>` or a `PgConnection`.
+//!
+//! Same names, keys, timeouts, shared mode, deadlock error and re-entrancy
+//! (the server's) as a [`Locker`](crate::Locker). Statements go over the
+//! simple protocol: nothing is added to the connection's statement cache.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use dbmutex::postgres::sqlx::{lock_session, lock_xact};
+//! use dbmutex::{LockOptions, Prefix};
+//! use sqlx::Connection;
+//! use std::time::Duration;
+//! let (opts, prefix) = (LockOptions::new().timeout(Duration::from_secs(2)), Prefix::from_env());
+//!
+//! // A transaction lock: released when the transaction ends.
+//! let mut tx = pool.begin().await?;
+//! if lock_xact(&mut tx, "ledger-42", &opts, &prefix).await? {
+//!     sqlx::query("UPDATE ledger SET n = n + 1 WHERE id = 42").execute(&mut *tx).await?;
+//! }
+//! tx.commit().await?;
+//!
+//! // A session lock: the guard owns the pool connection until released.
+//! if let Ok(mut guard) = lock_session(pool.acquire().await?, "nightly", &opts, &prefix).await? {
+//!     sqlx::query("SELECT 1").execute(&mut *guard).await?; // the app's own queries
+//!     let conn = guard.release().await?; // unlocked; the connection is yours again
+//!     drop(conn); // back to the pool, holding nothing
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::postgres::{PgConnection, Postgres};
+use ::sqlx::Connection;
+
+use super::procedure::{acquire, unlock, Exec, Request};
+use crate::key::{pg_key, PgKey, Prefix};
+use crate::postgres::errors::Failure;
+use crate::{Error, LockName, LockOptions, Mode, Result};
+
+/// An sqlx connection as an [`Exec`].
+struct Sx<'a>(&'a mut PgConnection);
+
+impl Exec for Sx<'_> {
+    fn batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
+        // Executor's own boxed future: `raw_sql(..).fetch_all(..)` in an
+        // `async` block is not provably `Send` (a higher-ranked lifetime).
+        let fetch = ::sqlx::Executor::fetch_all(&mut *self.0, ::sqlx::raw_sql(sql));
+        async move {
+            use ::sqlx::Row;
+            let rows = fetch.await.map_err(failure)?;
+            // Simple-protocol rows are text; read the first column as such.
+            Ok(rows
+                .iter()
+                .map(|r| r.try_get_unchecked::<Option<String>, _>(0).ok().flatten())
+                .collect())
+        }
+    }
+}
+
+fn failure(e: ::sqlx::Error) -> Failure {
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    let closed = matches!(
+        e,
+        ::sqlx::Error::Io(_)
+            | ::sqlx::Error::PoolClosed
+            | ::sqlx::Error::WorkerCrashed
+            | ::sqlx::Error::Protocol(_)
+    );
+    Failure {
+        code,
+        closed,
+        source: Box::new(e),
+    }
+}
+
+/// Takes a transaction-level advisory lock in the open sqlx transaction on
+/// `conn` (pass `&mut tx` or `&mut *tx`); the transaction's end releases
+/// it. `false`: the wait ended without the lock. A bounded server wait runs
+/// in a savepoint with `lock_timeout` set for the wait only; afterwards
+/// (acquired, timed out or deadlocked) the settings read as before and the
+/// transaction is usable.
+///
+/// [`Error::Config`] when `conn` is not in a transaction begun through
+/// sqlx (`begin()`): a transaction lock outside one would end with its
+/// statement.
+///
+/// # Cancel safety
+///
+/// Not cancel-safe: if the future is dropped mid-wait, roll the
+/// transaction back (dropping an sqlx `Transaction` does).
+pub async fn lock_xact(
+    conn: &mut PgConnection,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<bool> {
+    let name = name.into();
+    name.validate()?;
+    if !conn.is_in_transaction() {
+        return Err(Error::Config(
+            "postgres::sqlx::lock_xact needs an open transaction (begin() one and pass it)".into(),
+        ));
+    }
+    let r = Request {
+        name: &name,
+        key: pg_key(&name, prefix),
+        opts,
+        xact: true,
+        in_tx: true,
+    };
+    acquire(&mut Sx(conn), &r).await
+}
+
+/// An sqlx connection that a [`SessionGuard`] can own for the hold:
+/// `PoolConnection<Postgres>` or `PgConnection`.
+pub trait OwnedConnection: Send + 'static {
+    /// The connection.
+    fn pg(&mut self) -> &mut PgConnection;
+    /// The connection, shared.
+    fn pg_ref(&self) -> &PgConnection;
+    /// Makes dropping this value end its server session (and every lock on
+    /// it) instead of handing it to a pool.
+    fn end_session_on_drop(&mut self);
+}
+
+impl OwnedConnection for PgConnection {
+    fn pg(&mut self) -> &mut PgConnection {
+        self
+    }
+    fn pg_ref(&self) -> &PgConnection {
+        self
+    }
+    /// A dropped `PgConnection` closes its socket: the server ends the session.
+    fn end_session_on_drop(&mut self) {}
+}
+
+impl OwnedConnection for PoolConnection<Postgres> {
+    fn pg(&mut self) -> &mut PgConnection {
+        self
+    }
+    fn pg_ref(&self) -> &PgConnection {
+        self
+    }
+    fn end_session_on_drop(&mut self) {
+        self.close_on_drop();
+    }
+}
+
+/// A connection that ends its session if dropped while armed: what is
+/// left of a cancelled or failed statement may hold a lock.
+struct Armed<C: OwnedConnection>(Option<C>);
+
+impl<C: OwnedConnection> Armed<C> {
+    fn conn(&mut self) -> &mut PgConnection {
+        self.0.as_mut().expect("armed connection present").pg()
+    }
+    fn disarm(mut self) -> C {
+        self.0.take().expect("armed connection present")
+    }
+}
+
+impl<C: OwnedConnection> Drop for Armed<C> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            c.end_session_on_drop();
+        }
+    }
+}
+
+/// Takes a session-level advisory lock on `conn`, which the guard keeps for
+/// the hold (so a pool cannot hand it to anyone else while it holds the
+/// lock). `Ok(Err(conn))`: the wait ended without the lock, the connection
+/// comes back untouched.
+///
+/// - The guard derefs to the `PgConnection` for the app's own queries.
+/// - [`SessionGuard::release`] unlocks and gives the connection back.
+/// - Dropping the guard unlocks on a task of the current tokio runtime and
+///   then drops the connection (back to its pool); if the unlock fails, or
+///   there is no runtime, the connection is closed instead, which ends the
+///   session and its locks. (sqlx's own guard queues the unlock on the
+///   connection, through an API sqlx keeps to itself.)
+/// - On an error, or if this future is dropped before it finishes, the
+///   connection is closed, never pooled: a statement in flight may have
+///   taken the lock.
+/// - [`LockOptions::transaction`] is refused here ([`Error::Config`]); use
+///   [`lock_xact`].
+pub async fn lock_session<C: OwnedConnection>(
+    conn: C,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<std::result::Result<SessionGuard<C>, C>> {
+    let name = name.into();
+    name.validate()?;
+    if opts.is_transaction() {
+        return Err(Error::Config(
+            "lock_session takes session locks; for a transaction lock use postgres::sqlx::lock_xact".into(),
+        ));
+    }
+    let mut armed = Armed(Some(conn));
+    let key = pg_key(&name, prefix);
+    let r = Request {
+        name: &name,
+        key,
+        opts,
+        xact: false,
+        in_tx: armed.conn().is_in_transaction(),
+    };
+    if !acquire(&mut Sx(armed.conn()), &r).await? {
+        return Ok(Err(armed.disarm()));
+    }
+    Ok(Ok(SessionGuard {
+        conn: Some(armed.disarm()),
+        key,
+        mode: opts.get_mode(),
+        name,
+    }))
+}
+
+/// A session lock held on a connection it owns (see [`lock_session`]).
+#[must_use = "dropping the guard releases the lock"]
+pub struct SessionGuard<C: OwnedConnection> {
+    conn: Option<C>,
+    key: PgKey,
+    mode: Mode,
+    name: LockName,
+}
+
+impl<C: OwnedConnection> SessionGuard<C> {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The PostgreSQL key the name maps to.
+    pub fn key(&self) -> PgKey {
+        self.key
+    }
+
+    /// Unlocks, waits for the answer, and gives the connection back.
+    /// [`Error::LockLost`] if its session no longer held the lock (the
+    /// connection was reset, or a pooler moved it); on any error the
+    /// connection is closed.
+    pub async fn release(mut self) -> Result<C> {
+        let mut armed = Armed(self.conn.take());
+        unlock(&mut Sx(armed.conn()), &self.key, self.mode, &self.name).await?;
+        Ok(armed.disarm())
+    }
+}
+
+impl<C: OwnedConnection> std::ops::Deref for SessionGuard<C> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.conn.as_ref().expect("held connection present").pg_ref()
+    }
+}
+
+impl<C: OwnedConnection> std::ops::DerefMut for SessionGuard<C> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("held connection present").pg()
+    }
+}
+
+impl<C: OwnedConnection> Drop for SessionGuard<C> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut armed = Armed(Some(conn));
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // `armed` closes the connection: the session ends.
+        };
+        let (key, mode, name) = (self.key, self.mode, self.name.clone());
+        rt.spawn(async move {
+            if unlock(&mut Sx(armed.conn()), &key, mode, &name).await.is_ok() {
+                drop(armed.disarm()); // back to its pool, holding nothing
+            }
+        });
+    }
+}
+
+impl<C: OwnedConnection> std::fmt::Debug for SessionGuard<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionGuard")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
