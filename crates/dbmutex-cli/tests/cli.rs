@@ -1411,6 +1411,34 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
     }
 }
 
+/// `-v`: each repeated notice re-reads the holders. On the local backend a
+/// second shared holder can join while an exclusive waiter waits (flock
+/// queues no writer ahead of readers), so the holders change mid-wait.
+fn verbose_notice_rereads_the_holders(b: &Backend) {
+    let name = b.name("reread");
+    let first = b.hold(&name, &["-s"], "exec sleep 30");
+    let mut waiter = Proc(Some(
+        b.cmd(&["run", "-v", "-w", "8", &name, "--", "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let mut lines = Lines::of(waiter.child());
+    assert!(
+        lines.wait_for("waiting for lock", Duration::from_secs(15)),
+        "the waiter never said it was waiting"
+    );
+    let second = b.hold(&name, &["-s", "-n"], "exec sleep 30");
+    let out = waiter.finish();
+    let err = lines.all();
+    assert_eq!(code(&out), 75, "{err}");
+    let notices: Vec<&str> = err.lines().filter(|l| l.contains("(held by ")).collect();
+    assert_eq!(notices.len(), 2, "{err}");
+    let (one, two) = (format!("pid {}", first.pid()), format!("pid {}", second.pid()));
+    assert!(notices[0].contains(&one) && !notices[0].contains(&two), "{err}");
+    assert!(notices[1].contains(&one) && notices[1].contains(&two), "{err}");
+}
+
 /// `-E 0` (the help's "skip quietly"): a busy lock prints nothing, waiting
 /// or not, and the command does not run; `-v` still tells.
 fn conflict_exit_0_is_silent(b: &Backend) {
@@ -2002,5 +2030,5 @@ backend_tests! {
     ]
     postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
+    local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }
