@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use clap_complete::Shell;
 
 use crate::seconds::parse_seconds;
 
@@ -33,7 +34,15 @@ Exit status of `dbmutex run`:
   78             --require-database and no database URL; the command did not run
   126, 127       the command could not be executed / was not found (as env(1))
   128+N          dbmutex got signal N while waiting; the command did not run
-`dbmutex status` exits 0 when the lock is free and 1 when it is held.
+`dbmutex status` exits 0 when the lock is free and 1 when it is held (errors:
+see `dbmutex status --help`).
+
+While it waits, dbmutex says once (after 1 s) which lock it waits for and who
+holds it; with -v it says so again every 5 s, with the holders as they are then.
+With -E 0 a lock that stays busy is not news: nothing is printed (unless -v).
+
+--int takes NAME as an integer, as the Ruby gem's Integer lock names: the same
+key as `with_advisory_lock(42)` (`dbmutex run --int 42 -- CMD`).
 
 Examples:
   dbmutex run nightly-report -- ./report.sh          wait, then run
@@ -42,11 +51,40 @@ Examples:
   DATABASE_URL=postgres://app@db/app dbmutex run --transaction sync-42 -- ./sync
   dbmutex status nightly-report
   dbmutex list --json
-  dbmutex key nightly-report";
+  dbmutex key nightly-report
+  dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
+  dbmutex completions bash > /etc/bash_completion.d/dbmutex
+  dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
+
+const STATUS_AFTER_HELP: &str = "\
+Exit status of `dbmutex status`:
+  0    the lock is free
+  1    the lock is held
+  64   usage error: bad flag or value, empty name, a URL that is not a database
+       URL or is malformed
+  69   server unreachable, authentication failed, or another database error
+  74   stdout could not be written
+  78   --require-database and no database URL
+
+With --json, an error is one JSON object on stdout too (nothing on stderr), with
+the same exit status:
+  {\"error\":{\"kind\":\"connect\",\"message\":\"...\",\"exit\":69}}
+kind is one of: usage, invalid_name, config, unsupported, connect, database,
+lock_file, require_database, output, other. Usage errors found while parsing the
+command line (an unknown flag) are text on stderr, exit 64.";
 
 /// A mutex the database owns: flock(1) across hosts.
 #[derive(Debug, Parser)]
-#[command(name = "dbmutex", version, about, after_help = AFTER_HELP, propagate_version = true)]
+// `disable_help_subcommand`: clap's own `help` subcommand rejects `help
+// --help`; ours (Command::Help) takes it, and does the rest the same way.
+#[command(
+    name = "dbmutex",
+    version,
+    about,
+    after_help = AFTER_HELP,
+    propagate_version = true,
+    disable_help_subcommand = true
+)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -86,11 +124,55 @@ pub enum Command {
                           dbmutex run [OPTIONS] NAME -c 'SHELL COMMAND'")]
     Run(RunArgs),
     /// Say whether NAME is held, and by whom (exit 0 free, 1 held).
+    #[command(after_help = STATUS_AFTER_HELP)]
     Status(StatusArgs),
     /// List the locks held on the server now.
     List(ListArgs),
-    /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for 65–192-byte names).
+    /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for names of 65 to 192 bytes).
     Key(KeyArgs),
+    /// Print the shell completion script for SHELL to stdout.
+    #[command(after_help = "Examples:\n  \
+                            dbmutex completions bash > /etc/bash_completion.d/dbmutex\n  \
+                            dbmutex completions zsh > \"${fpath[1]}/_dbmutex\"\n  \
+                            dbmutex completions fish > ~/.config/fish/completions/dbmutex.fish")]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) of dbmutex, or of one of its subcommands, to stdout.
+    #[command(after_help = "Examples:\n  \
+                            dbmutex man > dbmutex.1 && man -l dbmutex.1\n  \
+                            dbmutex man run > dbmutex-run.1")]
+    Man(ManArgs),
+    /// Print this help, or the help of the given subcommand.
+    Help(HelpArgs),
+}
+
+/// How NAME is read: as text (the default) or as an integer.
+#[derive(Debug, Args)]
+pub struct IntArg {
+    /// NAME is an integer (-9223372036854775808 to 9223372036854775807): the
+    /// same key as the Ruby gem's Integer lock names, `with_advisory_lock(42)`.
+    #[arg(long = "int")]
+    pub int: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The subcommand whose page to print (dbmutex-COMMAND(1)); default: dbmutex(1).
+    #[arg(value_name = "COMMAND")]
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HelpArgs {
+    /// The subcommand to describe.
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -111,7 +193,8 @@ pub struct RunArgs {
     #[arg(short = 'x', long, overrides_with = "shared")]
     pub exclusive: bool,
 
-    /// Exit status when the lock is not acquired.
+    /// Exit status when the lock is not acquired. With 0, a busy lock is not
+    /// news: nothing is printed about it (unless -v).
     #[arg(short = 'E', long, value_name = "N", default_value_t = crate::exit::NOT_ACQUIRED)]
     pub conflict_exit_code: u8,
 
@@ -139,9 +222,12 @@ pub struct RunArgs {
     )]
     pub shell_command: Option<OsString>,
 
-    /// The lock's name.
-    #[arg(value_name = "NAME")]
+    /// The lock's name (an integer with --int).
+    #[arg(value_name = "NAME", allow_negative_numbers = true)]
     pub name: String,
+
+    #[command(flatten)]
+    pub int: IntArg,
 
     /// The command to run and its arguments.
     #[arg(value_name = "COMMAND", trailing_var_arg = true, allow_hyphen_values = true)]
@@ -161,8 +247,11 @@ impl RunArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The lock's name.
+    /// The lock's name (an integer with --int).
+    #[arg(allow_negative_numbers = true)]
     pub name: String,
+    #[command(flatten)]
+    pub int: IntArg,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -177,8 +266,11 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct KeyArgs {
-    /// The lock's name.
+    /// The lock's name (an integer with --int).
+    #[arg(allow_negative_numbers = true)]
     pub name: String,
+    #[command(flatten)]
+    pub int: IntArg,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

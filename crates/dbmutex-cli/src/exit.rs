@@ -34,6 +34,8 @@ pub fn for_signal(sig: i32) -> u8 {
 pub struct Failure {
     pub code: u8,
     pub message: String,
+    /// What kind of error, for `--json` (`None`: the exit status says it).
+    pub kind: Option<&'static str>,
 }
 
 impl Failure {
@@ -41,7 +43,25 @@ impl Failure {
         Failure {
             code,
             message: message.into(),
+            kind: None,
         }
+    }
+
+    pub fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// The kind `dbmutex status --json` reports: the library error's, else
+    /// one the exit status implies.
+    pub fn kind(&self) -> &'static str {
+        self.kind.unwrap_or(match self.code {
+            USAGE => "usage",
+            UNAVAILABLE => "database",
+            CONFIG => "require_database",
+            IO_ERROR => "output",
+            _ => "other",
+        })
     }
 
     pub fn usage(message: impl Into<String>) -> Self {
@@ -58,15 +78,19 @@ impl fmt::Display for Failure {
 impl From<dbmutex::Error> for Failure {
     fn from(e: dbmutex::Error) -> Self {
         use dbmutex::Error;
-        let code = match &e {
+        let (code, kind) = match &e {
             // What the user asked for cannot be done as asked: a usage error.
-            Error::InvalidName(_) | Error::Config(_) | Error::Unsupported(_) => USAGE,
-            Error::LockLost { .. } => LOCK_LOST,
-            // Connect, Database, Deadlock, LockTableFull, Io, TooManyLocks, and
-            // whatever later versions add: the server (or lock directory) failed us.
-            _ => UNAVAILABLE,
+            Error::InvalidName(_) => (USAGE, "invalid_name"),
+            Error::Config(_) => (USAGE, "config"),
+            Error::Unsupported(_) => (USAGE, "unsupported"),
+            Error::LockLost { .. } => (LOCK_LOST, "lock_lost"),
+            Error::Connect(_) => (UNAVAILABLE, "connect"),
+            Error::Io(_) => (UNAVAILABLE, "lock_file"),
+            // Database, Deadlock, LockTableFull, TooManyLocks, and whatever
+            // later versions add: the server failed us.
+            _ => (UNAVAILABLE, "database"),
         };
-        Failure::new(code, describe(&e))
+        Failure::new(code, describe(&e)).with_kind(kind)
     }
 }
 
@@ -100,10 +124,40 @@ mod tests {
         let f = Failure::from(connect);
         assert_eq!(f.code, UNAVAILABLE);
         assert!(f.message.contains("refused"), "{}", f.message);
+        assert_eq!(f.kind(), "connect");
         assert_eq!(
             Failure::from(dbmutex::Error::Database("x".into())).code,
             UNAVAILABLE
         );
+    }
+
+    /// Each source's text appears once, however the chain repeats it.
+    #[test]
+    fn describe_prints_each_cause_once() {
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl fmt::Display for E {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let os = E("Connection refused (os error 111)", None);
+        let io = E("io: Connection refused (os error 111)", Some(Box::new(os)));
+        let top = E(
+            "cannot connect: io: Connection refused (os error 111)",
+            Some(Box::new(io)),
+        );
+        assert_eq!(
+            describe(&top),
+            "cannot connect: io: Connection refused (os error 111)"
+        );
+        let bare = E("cannot connect", Some(Box::new(E("timed out", None))));
+        assert_eq!(describe(&bare), "cannot connect: timed out");
     }
 
     #[test]

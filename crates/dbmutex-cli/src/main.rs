@@ -8,6 +8,7 @@
 mod backend;
 mod child;
 mod cli;
+mod docs;
 mod exit;
 mod report;
 mod run;
@@ -29,6 +30,21 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(usage_error(&e)),
     };
+    // What needs no runtime: the documentation subcommands.
+    let done = match &cli.command {
+        Command::Help(args) => Some(docs::help(&args.command).map(|e| usage_error(&e))),
+        Command::Completions(args) => Some(docs::completions(args.shell).map(|()| 0)),
+        Command::Man(args) => Some(docs::man(args.command.as_deref()).map(|()| 0)),
+        _ => None,
+    };
+    match done {
+        Some(Ok(code)) => return ExitCode::from(code),
+        Some(Err(f)) => {
+            eprintln!("dbmutex: {f}");
+            return ExitCode::from(f.code);
+        }
+        None => {}
+    }
     // Current-thread on purpose: the command is forked from this thread, and
     // the parent-death signal fires when the forking *thread* exits.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -53,6 +69,9 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
         Command::Status(args) => report::status(&cli.global, args).await,
         Command::List(args) => report::list(&cli.global, args).await,
         Command::Key(args) => report::key(&cli.global, args),
+        Command::Help(_) | Command::Completions(_) | Command::Man(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

@@ -8,20 +8,61 @@ use dbmutex::{Holder, LockName, Prefix};
 use serde_json::{json, Map, Value};
 
 use crate::backend::Target;
-use crate::cli::{Global, KeyArgs, ListArgs, StatusArgs};
+use crate::cli::{Global, IntArg, KeyArgs, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};
 use crate::say::shown;
 
-/// Checks a lock name before anything connects.
-pub fn valid_name(name: &str) -> Result<LockName, Failure> {
-    let n = LockName::from(name);
+/// Checks a lock name before anything connects. With `--int`, NAME is an
+/// integer: [`LockName::Int`], the gem's Integer lock name.
+pub fn valid_name(name: &str, int: &IntArg) -> Result<LockName, Failure> {
+    let n = if int.int {
+        let v: i64 = name.trim().parse().map_err(|_| {
+            Failure::usage(format!(
+                "--int: NAME {} is not an integer from {} to {}",
+                shown_arg(name),
+                i64::MIN,
+                i64::MAX
+            ))
+        })?;
+        LockName::Int(v)
+    } else {
+        LockName::from(name)
+    };
     n.validate()?;
     Ok(n)
 }
 
-/// Exit 0 when free, 1 when held.
+/// A user's argument quoted for a message (control characters escaped).
+fn shown_arg(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// The name as JSON shows it: a number for `--int`, else the string.
+fn name_json(name: &LockName, given: &str) -> Value {
+    match name {
+        LockName::Int(n) => json!(n),
+        _ => json!(given),
+    }
+}
+
+/// Exit 0 when free, 1 when held. With `--json`, an error is printed as
+/// `{"error": {...}}` on stdout (and not on stderr); the exit status is the
+/// same as without.
 pub async fn status(global: &Global, args: StatusArgs) -> Result<u8, Failure> {
-    let name = valid_name(&args.name)?;
+    let json = args.json;
+    match status_inner(global, args).await {
+        Err(f) if json => {
+            print(&json_line(&json!({
+                "error": { "kind": f.kind(), "message": f.message, "exit": f.code }
+            })))?;
+            Ok(f.code)
+        }
+        r => r,
+    }
+}
+
+async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> {
+    let name = valid_name(&args.name, &args.int)?;
     let target = Target::choose(global)?;
     let locker = target.connect().await?;
     let holders = locker.holders(name.clone()).await?;
@@ -29,7 +70,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<u8, Failure> {
     let out = if args.json {
         let holders: Vec<Value> = holders.iter().map(|h| Value::Object(holder_json(h))).collect();
         json_line(&json!({
-            "name": args.name,
+            "name": name_json(&name, &args.name),
             "backend": locker.backend().as_str(),
             "key": locker.key_of(name)?,
             "state": state,
@@ -81,7 +122,7 @@ pub async fn list(global: &Global, args: ListArgs) -> Result<u8, Failure> {
 
 /// Needs no connection: the mapping is pure.
 pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
-    let name = valid_name(&args.name)?;
+    let name = valid_name(&args.name, &args.int)?;
     let prefix = match &global.prefix {
         Some(p) => Prefix::new(p.clone()),
         None => Prefix::from_env(),
@@ -98,7 +139,7 @@ pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
             PgKey::Big(k) => json!({ "key": k }),
         };
         json_line(&json!({
-            "name": args.name,
+            "name": name_json(&name, &args.name),
             "prefix": prefix.text(),
             "postgres": pg_json,
             "mysql": mysql,

@@ -3,7 +3,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use dbmutex::{BackendKind, LockGuard, LockOptions, Locker, Mode};
+use dbmutex::{BackendKind, LockGuard, LockName, LockOptions, Locker, Mode};
 use tokio::process::Child;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -18,6 +18,10 @@ use crate::tree::{self, Guardian, Terminal};
 
 /// How long a wait lasts before dbmutex says what it is waiting for.
 const NOTICE_AFTER: Duration = Duration::from_secs(1);
+/// With `-v`, how often the waiting notice is repeated (with the holders as
+/// they are then): often enough to watch a hand-over, rarely enough that a
+/// long wait does not flood a log.
+const NOTICE_EVERY: Duration = Duration::from_secs(5);
 /// How long the "who holds it" query may delay that notice.
 const HOLDERS_QUERY_LIMIT: Duration = Duration::from_secs(2);
 /// How long the release may take before dbmutex exits anyway (exiting
@@ -29,7 +33,7 @@ const CANCEL_GRACE: Duration = Duration::from_millis(50);
 
 pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     let program = program(&args)?;
-    valid_name(&args.name)?;
+    let lock = valid_name(&args.name, &args.int)?;
     let target = Target::choose(global)?;
     let mode = if args.shared {
         Mode::Shared
@@ -41,14 +45,30 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         quiet: global.quiet,
         verbose: global.verbose,
     };
-    let name = shown(&args.name);
+    let name = match &lock {
+        LockName::Int(n) => n.to_string(),
+        _ => shown(&args.name),
+    };
     let opts = LockOptions::new().mode(mode).transaction(args.transaction);
     let wait = args.wait();
+    // A busy lock is news unless -q, or -E 0 (not acquired = nothing to
+    // report) without -v.
+    let busy = Say {
+        quiet: global.quiet || (args.conflict_exit_code == 0 && !global.verbose),
+        verbose: global.verbose,
+    };
+    let notices = if busy.quiet {
+        Notices::Never
+    } else if global.verbose {
+        Notices::Repeat
+    } else {
+        Notices::Once
+    };
 
     let mut signals = Signals::install()?;
     let start = Instant::now();
     let taken = tokio::select! {
-        r = connect_and_take(&target, &args.name, opts, wait, say) => r?,
+        r = connect_and_take(&target, &lock, &name, opts, wait, notices) => r?,
         sig = signals.recv() => {
             tokio::time::sleep(CANCEL_GRACE).await;
             say.note(format_args!(
@@ -60,11 +80,11 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     };
     let Some((_locker, guard)) = taken else {
         if wait == Some(Duration::ZERO) {
-            say.note(format_args!(
+            busy.note(format_args!(
                 "lock {name} is held elsewhere; not running the command"
             ));
         } else {
-            say.note(format_args!(
+            busy.note(format_args!(
                 "gave up waiting for lock {name} after {}; not running the command",
                 secs(start.elapsed())
             ));
@@ -170,34 +190,61 @@ fn check_supported(kind: BackendKind, mode: Mode, transaction: bool) -> Result<(
     Ok(())
 }
 
+/// What to say while waiting for the lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Notices {
+    /// Nothing (`-q`, or `-E 0` without `-v`).
+    Never,
+    /// One line after [`NOTICE_AFTER`].
+    Once,
+    /// That line, then another every [`NOTICE_EVERY`] (`-v`).
+    Repeat,
+}
+
 async fn connect_and_take(
     target: &Target,
-    name: &str,
+    name: &LockName,
+    shown_name: &str,
     opts: LockOptions,
     wait: Option<Duration>,
-    say: Say,
+    notices: Notices,
 ) -> Result<Option<(Locker, LockGuard)>, Failure> {
     let locker = target.connect().await?;
+    let start = tokio::time::Instant::now();
     let mut acquire = pin!(acquire(&locker, name, opts, wait));
-    tokio::select! {
-        r = &mut acquire => return Ok(r?.map(|g| (locker.clone(), g))),
-        () = tokio::time::sleep(NOTICE_AFTER) => {}
+    let mut next = NOTICE_AFTER;
+    let mut said = 0u32;
+    while notices == Notices::Repeat || (notices == Notices::Once && said == 0) {
+        tokio::select! {
+            r = &mut acquire => return Ok(r?.map(|g| (locker.clone(), g))),
+            () = tokio::time::sleep_until(start + next) => {}
+        }
+        // Still waiting: say on what, and who holds it now, while the wait
+        // goes on.
+        let holders = tokio::select! {
+            r = &mut acquire => return Ok(r?.map(|g| (locker.clone(), g))),
+            h = tokio::time::timeout(HOLDERS_QUERY_LIMIT, locker.holders(name.clone())) => h,
+        };
+        let who = match holders {
+            Ok(Ok(h)) if !h.is_empty() => format!(" (held by {})", holders_text(&h)),
+            _ => String::new(),
+        };
+        if said == 0 {
+            eprintln!("dbmutex: waiting for lock {shown_name}{who}");
+        } else {
+            eprintln!(
+                "dbmutex: still waiting for lock {shown_name} after {}{who}",
+                secs(start.elapsed())
+            );
+        }
+        said += 1;
+        // The next notice keeps to the period however long the query took.
+        next += NOTICE_EVERY;
+        while start + next <= tokio::time::Instant::now() {
+            next += NOTICE_EVERY;
+        }
     }
-    if say.quiet {
-        return Ok(acquire.await?.map(|g| (locker.clone(), g)));
-    }
-    // Still waiting: say on what, and who holds it, while the wait goes on.
-    let holders = tokio::select! {
-        r = &mut acquire => return Ok(r?.map(|g| (locker.clone(), g))),
-        h = tokio::time::timeout(HOLDERS_QUERY_LIMIT, locker.holders(name)) => h,
-    };
-    let who = match holders {
-        Ok(Ok(h)) if !h.is_empty() => format!(" (held by {})", holders_text(&h)),
-        _ => String::new(),
-    };
-    say.note(format_args!("waiting for lock {}{who}", shown(name)));
-    let guard = acquire.await?;
-    Ok(guard.map(|g| (locker.clone(), g)))
+    Ok(acquire.await?.map(|g| (locker.clone(), g)))
 }
 
 /// Takes the lock within `wait` with the library's default strategy: one
@@ -206,11 +253,11 @@ async fn connect_and_take(
 /// moment it is released.
 async fn acquire(
     locker: &Locker,
-    name: &str,
+    name: &LockName,
     opts: LockOptions,
     wait: Option<Duration>,
 ) -> Result<Option<LockGuard>, dbmutex::Error> {
-    locker.acquire(name, &opts.timeout_opt(wait)).await
+    locker.acquire(name.clone(), &opts.timeout_opt(wait)).await
 }
 
 /// How the command's run ended.

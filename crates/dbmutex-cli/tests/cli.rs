@@ -173,9 +173,22 @@ impl Backend {
     }
 
     fn key_json(&self, name: &str) -> serde_json::Value {
-        let out = self.run(&["key", "--json", name]);
+        self.key_json_args(&["key", "--json", name])
+    }
+
+    fn key_json_args(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.run(args);
         assert_eq!(code(&out), 0, "{}", describe(&out.status, &out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// This backend's URL with a closed port on 127.0.0.1 (and a password,
+    /// which no message may show).
+    fn dead_url(&self) -> String {
+        let url = self.url.as_deref().expect("a database backend");
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let db = rest.rsplit_once('/').map_or("test", |(_, db)| db);
+        format!("{scheme}://root:s3cret@127.0.0.1:1/{db}")
     }
 
     /// Asserts that `name` can be taken right now (`run -n` succeeds).
@@ -309,6 +322,37 @@ impl MysqlUrl {
             password,
             db,
         }
+    }
+}
+
+/// Running a [`Command`] with its stdin given, or in the background.
+trait CommandExt {
+    /// Runs to completion with `input` on stdin.
+    fn stdin_bytes(&mut self, input: &[u8]) -> Output;
+    /// Starts it with stdout and stderr captured, collected on a thread.
+    fn spawn_output(&mut self) -> std::thread::JoinHandle<Output>;
+}
+
+impl CommandExt for Command {
+    fn stdin_bytes(&mut self, input: &[u8]) -> Output {
+        let mut child = self
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the command");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn spawn_output(&mut self) -> std::thread::JoinHandle<Output> {
+        let child = self
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start dbmutex");
+        let mut p = Proc(Some(child));
+        std::thread::spawn(move || p.finish())
     }
 }
 
@@ -1329,6 +1373,192 @@ fn unusable_lock_dir_exits_69(b: &Backend) {
     assert_eq!(code(&out), 69, "{}", stderr(&out));
 }
 
+/// `-v`: the waiting line comes back every 5 s while the wait lasts, each
+/// time with the holder as the server reports it then; without `-v` it is
+/// said once.
+fn verbose_repeats_the_waiting_line(b: &Backend) {
+    let name = b.name("verbose-wait");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    // Both waiters at once: the test lasts one wait (8 s), not two. The
+    // second line is due at 6 s; 2 s of margin for a loaded machine.
+    let verbose = b
+        .cmd(&["run", "-v", "-w", "8", &name, "--", "true"])
+        .spawn_output();
+    let plain = b.cmd(&["run", "-w", "8", &name, "--", "true"]).spawn_output();
+    for (out, lines_wanted) in [(verbose.join().unwrap(), 2), (plain.join().unwrap(), 1)] {
+        let err = stderr(&out);
+        assert_eq!(code(&out), 75, "[{}] {err}", b.kind);
+        let waiting: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("waiting for lock") && !l.contains("gave up"))
+            .collect();
+        assert_eq!(waiting.len(), lines_wanted, "[{}] {err}", b.kind);
+        assert!(
+            waiting[0].starts_with(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+            "[{}] {err}",
+            b.kind
+        );
+        if let Some(again) = waiting.get(1) {
+            let after = again
+                .strip_prefix(&format!("dbmutex: still waiting for lock {name} after "))
+                .and_then(|rest| rest.split_once(" s"))
+                .and_then(|(secs, _)| secs.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("[{}] {err}", b.kind));
+            assert!((6.0..8.0).contains(&after), "[{}] {err}", b.kind);
+            assert!(again.contains(" (held by pid "), "[{}] {err}", b.kind);
+        }
+        assert!(err.contains("gave up waiting"), "[{}] {err}", b.kind);
+    }
+}
+
+/// `-v`: each repeated notice re-reads the holders. On the local backend a
+/// second shared holder can join while an exclusive waiter waits (flock
+/// queues no writer ahead of readers), so the holders change mid-wait.
+fn verbose_notice_rereads_the_holders(b: &Backend) {
+    let name = b.name("reread");
+    let first = b.hold(&name, &["-s"], "exec sleep 30");
+    let mut waiter = Proc(Some(
+        b.cmd(&["run", "-v", "-w", "8", &name, "--", "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let mut lines = Lines::of(waiter.child());
+    assert!(
+        lines.wait_for("waiting for lock", Duration::from_secs(15)),
+        "the waiter never said it was waiting"
+    );
+    let second = b.hold(&name, &["-s", "-n"], "exec sleep 30");
+    let out = waiter.finish();
+    let err = lines.all();
+    assert_eq!(code(&out), 75, "{err}");
+    let notices: Vec<&str> = err.lines().filter(|l| l.contains("(held by ")).collect();
+    assert_eq!(notices.len(), 2, "{err}");
+    let (one, two) = (format!("pid {}", first.pid()), format!("pid {}", second.pid()));
+    assert!(notices[0].contains(&one) && !notices[0].contains(&two), "{err}");
+    assert!(notices[1].contains(&one) && notices[1].contains(&two), "{err}");
+}
+
+/// `-E 0` (the help's "skip quietly"): a busy lock prints nothing, waiting
+/// or not, and the command does not run; `-v` still tells.
+fn conflict_exit_0_is_silent(b: &Backend) {
+    let name = b.name("e0");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let ran = b.marker("ran");
+    let touch = format!("touch '{}'", ran.display());
+    // 1.5 s: past the moment (1 s) the waiting notice would be printed.
+    for args in [
+        vec!["run", "-w", "1.5", "-E", "0", &name, "-c", &touch],
+        vec!["run", "-n", "-E", "0", &name, "-c", &touch],
+    ] {
+        let out = b.run(&args);
+        assert_eq!(code(&out), 0, "[{}] {args:?}: {}", b.kind, stderr(&out));
+        assert!(out.stderr.is_empty(), "[{}] {args:?}: {}", b.kind, stderr(&out));
+    }
+    let out = b.run(&["run", "-v", "-w", "1.5", "-E", "0", &name, "-c", &touch]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("waiting for lock") && err.contains("gave up"),
+        "{err}"
+    );
+    // Not every exit code is silent: the default one says why.
+    let out = b.run(&["run", "-w", "1.5", "-E", "3", &name, "-c", &touch]);
+    assert_eq!(code(&out), 3);
+    assert!(stderr(&out).contains("gave up waiting"), "{}", stderr(&out));
+    assert!(!ran.exists(), "the command ran without the lock");
+}
+
+/// A closed port on 127.0.0.1: for `status` and `run`, the OS's reason is
+/// printed once (the library's message already includes its causes).
+fn connect_error_says_its_cause_once(b: &Backend) {
+    let dead = b.dead_url();
+    for args in [vec!["status", "x"], vec!["run", "x", "--", "true"]] {
+        let mut full = vec!["--database-url", &dead];
+        full.extend(args);
+        let out = b.run(&full);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{err}");
+        assert_eq!(err.matches("Connection refused").count(), 1, "[{}] {err}", b.kind);
+        assert_eq!(err.lines().count(), 1, "[{}] {err}", b.kind);
+        assert!(
+            err.starts_with("dbmutex: ") && err.contains("127.0.0.1:1"),
+            "{err}"
+        );
+    }
+}
+
+/// `status --json`: errors are JSON on stdout, with the exit status of the
+/// table in `status --help`.
+fn status_json_errors(b: &Backend) {
+    let dead = b.dead_url();
+    let out = b.run(&["--database-url", &dead, "status", "--json", "x"]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["error"]["kind"], "connect", "{v}");
+    assert_eq!(v["error"]["exit"], 69, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("127.0.0.1:1") && msg.contains("Connection refused"),
+        "{v}"
+    );
+    assert!(!msg.contains("s3cret"), "password in message: {v}");
+    // A URL the driver cannot use: a usage error, still JSON.
+    let url = b.url.as_deref().unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let bad = match b.kind {
+        "postgres" => format!("{url}{sep}sslmode=sometimes"),
+        _ => format!("{url}{sep}pool_min=x"),
+    };
+    let out = b.run(&["--database-url", &bad, "status", "--json", "x"]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["error"]["kind"], "config", "{v}");
+    assert_eq!(v["error"]["exit"], 64, "{v}");
+}
+
+/// `--int N` is the gem's `with_advisory_lock(N)`: a raw SQL lock on the key
+/// the gem computes for N (PostgreSQL: `N & 0x7fffffff, prefix`; MySQL: the
+/// decimal string) is refused while a CLI holder has `--int N`, and taken
+/// once it is gone.
+fn int_names_are_the_gems(b: &Backend) {
+    // Above 2^31, so that the mask matters; unique to this test run.
+    let n: i64 = (1 << 40) + i64::from(std::process::id()) * 1000 + i64::from(unique());
+    let n_text = n.to_string();
+    let gem_sql = |lock: &str| match b.kind {
+        // The gem: pg_try_advisory_lock(stable_hashcode(n) & 0x7fffffff, prefix & 0x7fffffff).
+        "postgres" => format!("SELECT pg_try_advisory_lock({}, 0)", n & 0x7fff_ffff),
+        // The gem: GET_LOCK("#{prefix}#{n}", 0).
+        _ => format!("SELECT GET_LOCK('{lock}', 0)"),
+    };
+    let (taken, refused) = match b.kind {
+        "postgres" => ("t", "f"),
+        _ => ("1", "0"),
+    };
+    // The sanity check first: free, the gem's lock is taken (and freed as
+    // the SQL client's session ends).
+    assert_eq!(b.sql(&gem_sql(&n_text)), taken);
+    let mut holder = b.hold(&n_text, &["--int"], "exec sleep 30");
+    assert_eq!(
+        b.sql(&gem_sql(&n_text)),
+        refused,
+        "[{}] --int {n} is not the gem's lock",
+        b.kind
+    );
+    let out = b.run(&["status", "--int", "--json", &n_text]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], n, "{v}");
+    if b.kind == "postgres" {
+        // The string name "N" is another lock (crc32 of its text).
+        assert_eq!(code(&b.run(&["status", &n_text])), 0);
+    }
+    holder.signal(libc::SIGTERM);
+    assert_eq!(code(&holder.finish()), 143);
+    assert_eq!(b.sql(&gem_sql(&n_text)), taken);
+}
+
 // ---------------------------------------------------------------------------
 // Backend-independent
 
@@ -1389,6 +1619,183 @@ fn exit_table_is_in_help() {
     ] {
         assert!(help.contains(flag), "run --help lacks {flag}");
     }
+}
+
+/// `dbmutex completions SHELL` for every shell clap_complete knows; bash's
+/// script is valid bash and completes every subcommand.
+#[test]
+fn completions_for_every_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(BIN).args(["completions", shell]).output().unwrap();
+        assert_eq!(code(&out), 0, "{shell}: {}", stderr(&out));
+        assert!(out.stderr.is_empty(), "{shell}: {}", stderr(&out));
+        let script = String::from_utf8(out.stdout).unwrap();
+        assert!(script.contains("dbmutex"), "{shell}: {script}");
+        for word in ["no-wait", "conflict-exit-code", "require-database"] {
+            assert!(script.contains(word), "{shell} lacks {word}");
+        }
+    }
+    let script = Command::new(BIN)
+        .args(["completions", "bash"])
+        .output()
+        .unwrap()
+        .stdout;
+    let path = std::env::temp_dir().join(format!("dbmutex-completion-{}.bash", std::process::id()));
+    std::fs::write(&path, &script).unwrap();
+    let check = Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+        .expect("run bash -n");
+    let _ = std::fs::remove_file(&path);
+    assert!(check.status.success(), "bash -n: {}", stderr(&check));
+    // Sourced, it completes `dbmutex <TAB>` to the subcommands and
+    // `dbmutex run --no<TAB>` to the flag.
+    let complete = |words: &str, cword: u32| {
+        let script_then = format!(
+            "source /dev/stdin && COMP_WORDS=({words}) && COMP_CWORD={cword} && \
+             _dbmutex dbmutex \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\" && \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        );
+        let out = Command::new("bash")
+            .args(["-c", &script_then])
+            .stdin_bytes(&script);
+        assert!(out.status.success(), "{words}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let subs = complete("dbmutex ''", 1);
+    for sub in ["run", "status", "list", "key", "completions", "man", "help"] {
+        assert!(
+            subs.lines().any(|l| l == sub),
+            "dbmutex <TAB> lacks {sub}: {subs}"
+        );
+    }
+    assert_eq!(complete("dbmutex run --no", 2).trim(), "--no-wait");
+    let bad = Command::new(BIN).args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(code(&bad), 64, "{}", stderr(&bad));
+}
+
+/// `dbmutex man [COMMAND]`: roff that groff formats without a warning, with
+/// the sections and subcommands, and the exit table in columns.
+#[test]
+fn man_pages_are_valid_roff() {
+    for page in [None, Some("run"), Some("status"), Some("list"), Some("key")] {
+        let mut args = vec!["man"];
+        args.extend(page);
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let roff = String::from_utf8(out.stdout).unwrap();
+        let title = page.map_or("dbmutex".to_owned(), |p| format!("dbmutex-{p}"));
+        assert!(roff.contains(&format!(".TH {title} 1 ")), "{args:?}: {roff}");
+        for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS"] {
+            assert!(roff.contains(section), "{args:?} lacks {section}");
+        }
+        assert!(roff.is_ascii(), "{args:?}: not ASCII");
+        // -ww: all warnings; -z: no output, only the diagnostics.
+        let groff = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .stdin_bytes(roff.as_bytes());
+        assert!(groff.status.success(), "groff on {args:?}: {}", stderr(&groff));
+        assert!(groff.stderr.is_empty(), "groff on {args:?}: {}", stderr(&groff));
+    }
+    let main = String::from_utf8(Command::new(BIN).arg("man").output().unwrap().stdout).unwrap();
+    for sub in ["run", "status", "list", "key", "completions", "man"] {
+        assert!(
+            main.contains(&format!("dbmutex\\-{sub}(1)")),
+            "dbmutex(1) lacks {sub}"
+        );
+    }
+    let shown = Command::new("groff")
+        .args(["-man", "-Tutf8", "-rLL=100n"])
+        .stdin_bytes(main.as_bytes());
+    let text = String::from_utf8_lossy(&shown.stdout).replace(['\u{2010}', '\u{2212}'], "-");
+    assert!(
+        text.contains("  75 (or -E N)   not acquired: -n conflict or -w timeout; the command did not run"),
+        "{text}"
+    );
+    let run = String::from_utf8(Command::new(BIN).args(["man", "run"]).output().unwrap().stdout).unwrap();
+    for flag in ["conflict\\-exit\\-code", "\\-\\-int", "\\-\\-timeout"] {
+        assert!(run.contains(flag), "dbmutex-run(1) lacks {flag}");
+    }
+    let bad = Command::new(BIN).args(["man", "nosuch"]).output().unwrap();
+    assert_eq!(code(&bad), 64, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("run, status"), "{}", stderr(&bad));
+}
+
+/// `help --help` is the help subcommand's help; `help CMD` is `CMD --help`.
+#[test]
+fn help_subcommand() {
+    let out = Command::new(BIN).args(["help", "--help"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: dbmutex help"));
+    for sub in [vec!["run"], vec!["status"], vec![]] {
+        let mut help = vec!["help"];
+        help.extend(&sub);
+        let mut flag = sub.clone();
+        flag.push("--help");
+        let a = Command::new(BIN).args(&help).output().unwrap();
+        let b = Command::new(BIN).args(&flag).output().unwrap();
+        assert_eq!(code(&a), 0, "{help:?}: {}", stderr(&a));
+        assert!(!a.stdout.is_empty());
+        assert_eq!(a.stdout, b.stdout, "{help:?} differs from {flag:?}");
+    }
+    let out = Command::new(BIN).args(["help", "nosuch"]).output().unwrap();
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    let status = Command::new(BIN).args(["status", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    for row in ["  69 ", "  64 ", "  78 ", "{\"error\":{\"kind\""] {
+        assert!(text.contains(row), "status --help lacks {row:?}: {text}");
+    }
+}
+
+/// `key --int`: the gem's Integer mapping, negative numbers included; a
+/// NAME that is not an integer is a usage error.
+#[test]
+fn key_takes_integer_names() {
+    let b = Backend::new("local");
+    let n: i64 = (1 << 40) | 42;
+    let v = b.key_json_args(&["key", "--json", "--int", &n.to_string()]);
+    assert_eq!(v["name"], n);
+    assert_eq!(v["postgres"]["k1"], 42, "{v}");
+    assert_eq!(v["postgres"]["k2"], 0, "{v}");
+    assert_eq!(v["mysql"], n.to_string());
+    let v = b.key_json_args(&["key", "--json", "--prefix", "7", "--int", "-1"]);
+    assert_eq!(v["postgres"]["k1"], 0x7fff_ffff, "{v}");
+    assert_eq!(v["postgres"]["k2"], 7, "{v}");
+    assert_eq!(v["mysql"], "7-1");
+    // Without --int, "42" is a string: crc32("42") & 0x7fffffff.
+    let v = b.key_json_args(&["key", "--json", "42"]);
+    assert_eq!(v["name"], "42");
+    assert_eq!(v["postgres"]["k1"], 0x3224_b088_u32 & 0x7fff_ffff, "{v}");
+    for bad in ["x", "1.5", "", "99999999999999999999"] {
+        let out = b.run(&["key", "--int", bad]);
+        assert_eq!(code(&out), 64, "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("--int"), "{bad:?}: {}", stderr(&out));
+    }
+}
+
+/// `status --json` with a URL that names no database: JSON error, exit 64.
+#[test]
+fn status_json_bad_url() {
+    let b = Backend::new("local");
+    let out = b.run(&[
+        "--database-url",
+        "redis://u:s3cret@127.0.0.1/0",
+        "status",
+        "--json",
+        "x",
+    ]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+    assert_eq!(v["error"]["exit"], 64, "{v}");
+    assert!(!v.to_string().contains("s3cret"), "{v}");
+    // Without --json, the same error is text on stderr, stdout untouched.
+    let out = b.run(&["--database-url", "redis://u:s3cret@127.0.0.1/0", "status", "x"]);
+    assert_eq!(code(&out), 64);
+    assert!(out.stdout.is_empty());
+    assert!(stderr(&out).starts_with("dbmutex: "), "{}", stderr(&out));
 }
 
 /// The local backend's default directory, as a test process can see it.
@@ -1618,8 +2025,10 @@ backend_tests! {
         sigterm_reaches_the_grandchild,
         kill_9_stops_the_whole_tree,
         leftovers_stopped_before_release,
+        verbose_repeats_the_waiting_line,
+        conflict_exit_0_is_silent,
     ]
-    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection],
-    mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64],
-    local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64],
+    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }
