@@ -813,6 +813,24 @@ fn status_reports_holders(b: &Backend) {
     assert!(holders[0]["pid"].as_i64().is_some(), "{v}");
 }
 
+/// MySQL's `list` needs the `metadata_lock_info` plugin, which the shared
+/// test server need not have: the test starts a private MariaDB with it.
+fn list_shows_held_locks_on_a_private_server(b: &Backend) {
+    assert_eq!(b.kind, "mysql");
+    let my = servers::private_mariadb::PrivateMariaDb::start(&["--plugin-load-add=metadata_lock_info"]);
+    let private = Backend {
+        kind: b.kind,
+        url: Some(my.url()),
+        dir: b.dir.clone(),
+    };
+    list_shows_held_locks(&private);
+}
+
+/// The library tests' private servers (a server started for one test),
+/// included by path.
+#[path = "support/servers.rs"]
+mod servers;
+
 /// `list` and `list --json` show a held lock under its key (and name where
 /// the backend can tell it).
 fn list_shows_held_locks(b: &Backend) {
@@ -2020,7 +2038,6 @@ backend_tests! {
         stdio_belongs_to_the_command,
         odd_names_are_locks,
         status_reports_holders,
-        list_shows_held_locks,
         prefix_separates_locks,
         sigterm_reaches_the_grandchild,
         kill_9_stops_the_whole_tree,
@@ -2028,7 +2045,7 @@ backend_tests! {
         verbose_repeats_the_waiting_line,
         conflict_exit_0_is_silent,
     ]
-    postgres: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    mysql: [lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    local: [terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
+    postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    local: [list_shows_held_locks, terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }
