@@ -137,6 +137,8 @@ pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
         let pg_json = match pg {
             PgKey::Pair(k1, k2) => json!({ "k1": k1, "k2": k2 }),
             PgKey::Big(k) => json!({ "key": k }),
+            // A key form newer than this binary: its text form.
+            other => json!({ "key": other.to_string() }),
         };
         json_line(&json!({
             "name": name_json(&name, &args.name),

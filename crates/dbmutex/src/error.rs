@@ -87,14 +87,25 @@ pub enum Error {
         capacity: u64,
     },
     /// Connecting failed: server unreachable, refused, TLS, or authentication.
+    /// The message includes the driver's whole error chain, so `source()`
+    /// is `None` (each cause is said once, by `{}` and by `{:#}` alike);
+    /// [`Error::cause`] gives the driver's error.
     #[error("cannot connect to the database: {}", chain(.0.as_ref()))]
-    Connect(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// Any other database error; [`Error::sqlstate`] gives its code.
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// Any other database error; [`Error::sqlstate`] gives its code. As for
+    /// [`Error::Connect`], the message carries the cause.
     #[error("database error: {}", chain(.0.as_ref()))]
-    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// A local-backend I/O error (lock directory, lock file).
-    #[error("lock file error: {0}")]
-    Io(#[from] std::io::Error),
+    Database(Box<dyn std::error::Error + Send + Sync>),
+    /// A local-backend I/O error (lock directory, lock file); the message
+    /// carries the cause.
+    #[error("lock file error: {}", chain(.0))]
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
 }
 
 impl Error {
@@ -113,8 +124,28 @@ impl Error {
         if let Some(mysql_async::Error::Server(e)) = src.downcast_ref::<mysql_async::Error>() {
             return Some(e.state.clone());
         }
+        #[cfg(feature = "sqlx")]
+        if let Some(e) = src.downcast_ref::<sqlx::Error>() {
+            return e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned());
+        }
         let _ = src;
         None
+    }
+
+    /// The driver's (or the operating system's) error behind this one, to
+    /// downcast (`tokio_postgres::Error`, `mysql_async::Error`,
+    /// `sqlx::Error`, `std::io::Error`). For [`Error::Deadlock`] and
+    /// [`Error::LockTableFull`] it is also their `source()`.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Deadlock { source, .. } => Some(source.as_ref()),
+            Error::LockTableFull(e) | Error::Connect(e) | Error::Database(e) => Some(e.as_ref()),
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
     }
 
     /// True for [`Error::Deadlock`].
@@ -130,7 +161,10 @@ impl Error {
 }
 
 /// An error and its sources in one line ("db error: FATAL: terminating
-/// connection ..."): drivers put the server's words in the source.
+/// connection ..."): drivers put the server's words in the source. A source
+/// whose words are already there is skipped, and a segment repeated right
+/// after itself is said once (mysql_async nests "Input/output error: " in
+/// two of its types).
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
@@ -142,8 +176,90 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         cur = c.source();
     }
-    out
+    let mut segments: Vec<&str> = Vec::new();
+    for s in out.split(": ") {
+        if segments.last() != Some(&s) {
+            segments.push(s);
+        }
+    }
+    segments.join(": ")
 }
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `outer: inner`, the way mysql_async's `Error::Io` shows its `IoError`.
+    #[derive(Debug)]
+    struct Nested(&'static str, Option<Box<Nested>>);
+    impl std::fmt::Display for Nested {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match &self.1 {
+                Some(inner) => write!(f, "{}: {inner}", self.0),
+                None => f.write_str(self.0),
+            }
+        }
+    }
+    impl std::error::Error for Nested {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    /// What `{:#}` (anyhow) and error reporters print: the message, then
+    /// every source.
+    fn report(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cur = c.source();
+        }
+        out
+    }
+
+    #[test]
+    fn every_cause_is_said_once() {
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let mysql_like = || {
+            Nested(
+                "Input/output error",
+                Some(Box::new(Nested(
+                    "Input/output error",
+                    Some(Box::new(Nested("Connection refused", None))),
+                ))),
+            )
+        };
+        let errors = [
+            Error::Connect(Box::new(refused())),
+            Error::Connect(Box::new(mysql_like())),
+            Error::Database(Box::new(mysql_like())),
+            Error::Io(refused()),
+            Error::Deadlock {
+                name: "x".into(),
+                source: Box::new(Nested("process 7 waits for process 8", None)),
+            },
+            Error::LockTableFull(Box::new(Nested("out of shared memory", None))),
+        ];
+        for e in &errors {
+            let r = report(e);
+            for word in [
+                "Connection refused",
+                "Input/output error",
+                "deadlock detected",
+                "out of shared memory",
+            ] {
+                assert!(r.matches(word).count() <= 1, "{word:?} twice in {r:?}");
+            }
+            assert!(e.cause().is_some(), "{e:?} hides its cause");
+        }
+        assert_eq!(
+            errors[1].to_string(),
+            "cannot connect to the database: Input/output error: Connection refused"
+        );
+    }
+}

@@ -186,6 +186,44 @@ impl Locker {
         }
     }
 
+    /// As [`Locker::with_lock`], for a closure that returns a `Result`: its
+    /// error is the call's error, and so is dbmutex's own (converted with
+    /// `From<Error>`), so one `?` unpacks what would otherwise be a
+    /// `Result<Outcome<Result<T, E>>>`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: dbmutex::Locker) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use dbmutex::{LockOptions, Outcome};
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    /// let outcome = locker
+    ///     .with_lock_result("import", &LockOptions::new(), || async {
+    ///         let n: u64 = "42".parse()?; // the closure's own errors...
+    ///         Ok::<_, BoxError>(n)
+    ///     })
+    ///     .await?; // ...and dbmutex's, in one `?`
+    /// if let Outcome::Acquired(n) = outcome {
+    ///     println!("imported {n}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Locker::with_lock`].
+    pub async fn with_lock_result<T, E, F, Fut>(
+        &self,
+        name: impl Into<LockName>,
+        opts: &LockOptions,
+        f: F,
+    ) -> std::result::Result<Outcome<T>, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        self.with_lock(name, opts, f).await?.transpose()
+    }
+
     /// Whether anyone holds `name` now (either mode). A snapshot: the answer
     /// may be stale by the time you read it; use `try_lock` to act on it.
     pub async fn is_locked(&self, name: impl Into<LockName>) -> Result<bool> {

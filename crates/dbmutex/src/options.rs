@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// Exclusive or shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// One holder at a time (the default).
     #[default]

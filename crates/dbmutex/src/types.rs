@@ -175,3 +175,14 @@ impl<T> Outcome<T> {
         matches!(self, Outcome::Acquired(_))
     }
 }
+
+impl<T, E> Outcome<std::result::Result<T, E>> {
+    /// `Outcome<Result<T, E>>` as `Result<Outcome<T>, E>`: the closure's
+    /// error comes out, "not acquired" stays an outcome.
+    pub fn transpose(self) -> std::result::Result<Outcome<T>, E> {
+        match self {
+            Outcome::Acquired(r) => r.map(Outcome::Acquired),
+            Outcome::NotAcquired => Ok(Outcome::NotAcquired),
+        }
+    }
+}

@@ -32,16 +32,10 @@ async fn pool(max: u32) -> PgPool {
 async fn free(name: &str) -> bool {
     let c = pg_raw().await;
     let k = pg_key(&LockName::from(name), &Prefix::none());
-    let (sql, unlock) = match k {
-        PgKey::Pair(a, b) => (
-            format!("SELECT pg_try_advisory_lock({a},{b})"),
-            format!("SELECT pg_advisory_unlock({a},{b})"),
-        ),
-        PgKey::Big(x) => (
-            format!("SELECT pg_try_advisory_lock({x})"),
-            format!("SELECT pg_advisory_unlock({x})"),
-        ),
-    };
+    let (sql, unlock) = (
+        format!("SELECT pg_try_advisory_lock({})", k.sql_args()),
+        format!("SELECT pg_advisory_unlock({})", k.sql_args()),
+    );
     let got: bool = c.query_one(sql.as_str(), &[]).await.unwrap().get(0);
     if got {
         c.batch_execute(&unlock).await.unwrap();

@@ -143,6 +143,7 @@ fn name_to_key_mappings_are_total_stable_and_bounded() {
             LockName::Int(n) => assert_eq!(k, PgKey::Pair((*n & 0x7fff_ffff) as i32, prefix.pg_k2())),
             LockName::RawI64(v) => assert_eq!(k, PgKey::Big(*v)),
             LockName::RawPair(a, b) => assert_eq!(k, PgKey::Pair(*a, *b)),
+            other => panic!("a name form this test does not generate: {other:?}"),
         }
         if let PgKey::Pair(k1, _) = k {
             if !matches!(name, LockName::RawPair(..)) {

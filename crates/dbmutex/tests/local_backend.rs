@@ -396,3 +396,44 @@ async fn file_urls_and_directories() {
         "{err}"
     );
 }
+
+/// `with_lock_result`: the closure's error and dbmutex's come out of one
+/// `?`; "not acquired" stays an outcome, and the lock is released on error.
+#[tokio::test]
+async fn with_lock_result_unpacks_in_one_step() {
+    #[derive(Debug, PartialEq)]
+    enum AppError {
+        Lock(String),
+        Parse,
+    }
+    impl From<Error> for AppError {
+        fn from(e: Error) -> Self {
+            AppError::Lock(e.to_string())
+        }
+    }
+    let dir = TempDir::new("result");
+    let (a, b) = (local(&dir).await, local(&dir).await);
+    let opts = LockOptions::try_once();
+    let ok = a
+        .with_lock_result("job", &opts, || async { Ok::<_, AppError>(7) })
+        .await;
+    assert_eq!(ok, Ok(dbmutex::Outcome::Acquired(7)));
+    let failed = a
+        .with_lock_result("job", &opts, || async { Err::<u8, _>(AppError::Parse) })
+        .await;
+    assert_eq!(failed, Err(AppError::Parse));
+    assert!(
+        b.try_lock("job").await.unwrap().is_some(),
+        "an error left the lock held"
+    );
+    let held = b.lock("job").await.unwrap();
+    let busy = a
+        .with_lock_result("job", &opts, || async { Ok::<_, AppError>(1) })
+        .await;
+    assert_eq!(busy, Ok(dbmutex::Outcome::NotAcquired));
+    drop(held);
+    let invalid = a
+        .with_lock_result("", &opts, || async { Ok::<_, AppError>(1) })
+        .await;
+    assert!(matches!(invalid, Err(AppError::Lock(m)) if m.contains("invalid lock name")));
+}

@@ -19,6 +19,7 @@ pub const MAX_NAME_BYTES: usize = 64 * 1024;
 /// Build one with `From` (`"report".into()`, `42.into()`) or with
 /// [`LockName::raw_i64`] / [`LockName::raw_pair`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum LockName {
     /// A string name, hashed as the gem hashes it.
     Str(String),

@@ -7,6 +7,7 @@ use super::name::{LockName, Prefix};
 
 /// A PostgreSQL advisory-lock key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum PgKey {
     /// The two-`int4` form: `pg_locks.classid = k1`, `objid = k2`, `objsubid = 2`.
     Pair(i32, i32),
