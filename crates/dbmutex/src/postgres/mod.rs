@@ -290,7 +290,7 @@ impl Backend for PgBackend {
                 mode: at.opts.mode,
                 name: at.name.clone(),
                 text: if at.settings.name_comments {
-                    Text::Plain
+                    Text::Simple
                 } else {
                     Text::Prepared
                 },
