@@ -26,8 +26,3 @@ pub use locker::Locker;
 pub use options::{LockOptions, Mode, WaitStrategy};
 pub use redact::redact_url;
 pub use types::{BackendKind, Capabilities, HeldLock, Holder, ListedLock, Outcome};
-
-/// The workspace README's examples, compiled as doctests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct WorkspaceReadme;
