@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use crate::core::wait;
-use crate::key::PgKey;
+use crate::key::{pg_key, PgKey, Prefix};
 use crate::postgres::errors::{map_failure, Failure};
 use crate::postgres::sql::{self, Call};
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
@@ -37,6 +37,44 @@ pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server s
      dbmutex client holds session locks on (a pooler shares server sessions, and some client took \
      session locks through it): a transaction lock there would not exclude that client. Use \
      transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
+
+impl<'a> Request<'a> {
+    /// A session lock of `name` (checked), refusing a transaction-lock
+    /// option (`instead`: the function that takes those).
+    pub(crate) fn session(
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        prefix: &Prefix,
+        in_tx: bool,
+        instead: &str,
+    ) -> Result<Self> {
+        name.validate()?;
+        if opts.is_transaction() {
+            return Err(Error::Config(format!(
+                "lock_session takes session locks; for a transaction lock use {instead}"
+            )));
+        }
+        Ok(Request {
+            name,
+            key: pg_key(name, prefix),
+            opts,
+            xact: false,
+            in_tx,
+        })
+    }
+
+    /// A transaction lock of `name` (checked), in an open transaction.
+    pub(crate) fn xact(name: &'a LockName, opts: &'a LockOptions, prefix: &Prefix) -> Result<Self> {
+        name.validate()?;
+        Ok(Request {
+            name,
+            key: pg_key(name, prefix),
+            opts,
+            xact: true,
+            in_tx: true,
+        })
+    }
+}
 
 impl Request<'_> {
     /// `SELECT fn(key)`, and for a transaction lock the guard that refuses a
