@@ -175,11 +175,12 @@ mod on {
             if self.ended.swap(true, Ordering::AcqRel) {
                 return;
             }
-            self.held.decrement(1.0);
             self.hold_time.record(self.since.elapsed().as_secs_f64());
             if lost {
                 counter!("dbmutex_losses_total", self.labels.0.to_vec()).increment(1);
             }
+            // Last: whoever sees the gauge down sees the rest.
+            self.held.decrement(1.0);
         }
     }
 
