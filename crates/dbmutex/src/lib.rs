@@ -32,10 +32,15 @@
 //!   `dbmutex_hold_seconds` is recorded at that moment, and a loss counts in
 //!   `dbmutex_losses_total`. After every path it is back to 0 when no guard
 //!   holds.
-//! - [`postgres::lock_xact`] counts in `dbmutex_acquisitions_total` and
-//!   `dbmutex_wait_seconds`; its lock ends with your transaction, which
-//!   dbmutex does not see, so it is in neither `dbmutex_held` nor
-//!   `dbmutex_hold_seconds`.
+//! - Locks on your own connection (`postgres::lock_xact`,
+//!   `postgres::lock_session`, `postgres::sqlx`) count in
+//!   `dbmutex_acquisitions_total` and `dbmutex_wait_seconds` from the
+//!   request on (a name refused before it is not counted), never with a
+//!   `name` label. A session lock's guard is in `dbmutex_held` and
+//!   `dbmutex_hold_seconds` until released or dropped (dbmutex does not
+//!   watch your connection: no loss is counted); a transaction lock ends
+//!   with your transaction, which dbmutex does not see, so it is in
+//!   neither.
 //! - A `name` label (the [`LockName`] as text) only with
 //!   [`LockerBuilder::metrics_name_label(true)`](LockerBuilder::metrics_name_label):
 //!   each name then makes series of its own for the life of the process, so

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::{eventually, free_for, pg_raw, unique, Backend, CancelAfter};
-use dbmutex::postgres::lock_xact;
+use dbmutex::postgres::{lock_session, lock_xact};
 use dbmutex::{Error, LockOptions, Mode, Outcome, Prefix, WaitStrategy};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
@@ -575,4 +575,47 @@ async fn mysql_deadlock() {
         3
     );
     held_back_to_zero(b).await;
+}
+
+/// Locks on the caller's own connection (`postgres::lock_session`) count as
+/// any: acquisitions, and a hold from the guard to its release or drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_caller_connection() {
+    let _turn = SERIAL.lock().await;
+    let b = Backend::Postgres;
+    let x = Mode::Exclusive;
+    let (c1, c2) = (pg_raw().await, pg_raw().await);
+    let (name, p) = (unique("m-caller"), Prefix::none());
+    let once = LockOptions::try_once();
+    let t0 = totals();
+    let g = lock_session(&c1, name.as_str(), &once, &p)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(totals().held(b), 1.0, "a caller guard holds");
+    assert!(lock_session(&c2, name.as_str(), &once, &p)
+        .await
+        .unwrap()
+        .is_none());
+    let bounded = LockOptions::new().timeout(Duration::from_millis(100));
+    assert!(lock_session(&c2, name.as_str(), &bounded, &p)
+        .await
+        .unwrap()
+        .is_none());
+    g.release().await.unwrap();
+    assert_eq!(totals().held(b), 0.0, "released");
+    let g = lock_session(&c2, name.as_str(), &once, &p)
+        .await
+        .unwrap()
+        .expect("free again");
+    assert_eq!(totals().held(b), 1.0);
+    drop(g);
+    let t1 = totals();
+    assert_eq!(t1.held(b), 0.0, "dropped");
+    assert_eq!(outcomes(&t0, &t1, b, x), [2, 1, 1, 0, 0, 0], "caller connection");
+    assert_eq!(
+        t1.holds(b, x).len() - t0.holds(b, x).len(),
+        2,
+        "one hold time per guard"
+    );
 }

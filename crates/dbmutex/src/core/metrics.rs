@@ -220,6 +220,14 @@ mod on {
             self.inner.end(lost);
         }
     }
+
+    /// A hold not ended before is ended by its drop (a guard that only
+    /// owns one, such as a caller-connection guard).
+    impl Drop for Hold {
+        fn drop(&mut self) {
+            self.inner.end(false);
+        }
+    }
 }
 
 #[cfg(not(feature = "metrics"))]

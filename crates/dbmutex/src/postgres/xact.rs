@@ -9,9 +9,8 @@ use super::caller::procedure::{acquire, Request, SESSION_OF_ANOTHER};
 use super::conn::PgConn;
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::sql::{self, Call};
-use crate::core::{metrics, wait};
+use crate::core::wait;
 use crate::key::{pg_key, PgKey, Prefix};
-use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Result, WaitStrategy};
 
 /// `pg_try_advisory_xact_lock*` in the open transaction of `c`, retried
@@ -101,11 +100,6 @@ pub(crate) async fn wait_xact_dedicated(
 /// # Ok(()) }
 /// ```
 ///
-/// With the `metrics` feature, each call counts in
-/// `dbmutex_acquisitions_total` and `dbmutex_wait_seconds` (crate docs,
-/// "Metrics"); the lock's release is your transaction's end, which dbmutex
-/// does not see, so it is in neither the hold time nor the held gauge.
-///
 /// # Cancel safety
 ///
 /// Not cancel-safe: if the future is dropped while the server waits, the
@@ -117,19 +111,6 @@ pub async fn lock_xact(
     prefix: &Prefix,
 ) -> Result<bool> {
     let name = name.into();
-    let labels = metrics::Labels::new(BackendKind::Postgres, opts.mode, &name, false);
-    let measured = metrics::Attempt::start(labels);
-    let r = lock_xact_inner(tx, name, opts, prefix).await;
-    measured.end(metrics::Outcome::of(r.as_ref().copied(), opts.is_try_once()));
-    r
-}
-
-async fn lock_xact_inner(
-    tx: &tokio_postgres::Transaction<'_>,
-    name: LockName,
-    opts: &LockOptions,
-    prefix: &Prefix,
-) -> Result<bool> {
     name.validate()?;
     let r = Request {
         name: &name,
