@@ -45,8 +45,8 @@
 //!   [`LockerBuilder::metrics_name_label(true)`](LockerBuilder::metrics_name_label):
 //!   each name then makes series of its own for the life of the process, so
 //!   use it only for a small fixed set of names.
-//! - Units and descriptions are given to the recorder installed when the
-//!   first [`Locker`] is made: install the recorder before.
+//! - Units and descriptions are given to the recorder installed at the
+//!   process's first acquisition: install the recorder before.
 //! - Cost, with the feature on: a few atomic operations and a small
 //!   allocation per acquisition; a lock that can be lost (PostgreSQL,
 //!   MySQL) is watched by a small task while it is held.

@@ -35,6 +35,8 @@ struct Totals {
     counters: HashMap<Series, u64>,
     gauges: HashMap<Series, f64>,
     histograms: HashMap<Series, Vec<f64>>,
+    /// Each metric's unit and description, as described to the recorder.
+    described: HashMap<String, (Option<metrics::Unit>, String)>,
 }
 
 fn snapshotter() -> &'static Snapshotter {
@@ -62,8 +64,11 @@ fn totals() -> Totals {
     let snap = snapshotter().snapshot();
     let mut t = T.lock().unwrap();
     let t = t.get_or_insert_with(Totals::default);
-    for (ck, _, _, value) in snap.into_vec() {
+    for (ck, unit, description, value) in snap.into_vec() {
         let (_, key) = ck.into_parts();
+        if let Some(d) = description {
+            t.described.insert(key.name().to_owned(), (unit, d.to_string()));
+        }
         let mut labels: Vec<(String, String)> = key
             .labels()
             .map(|l| (l.key().to_owned(), l.value().to_owned()))
@@ -618,4 +623,28 @@ async fn postgres_caller_connection() {
         2,
         "one hold time per guard"
     );
+}
+
+/// Every series has its unit and a description.
+#[tokio::test]
+async fn series_are_described() {
+    let _turn = SERIAL.lock().await;
+    let b = Backend::Local;
+    let l = b.locker().await;
+    let name = unique("m-describe");
+    l.lock(name.as_str()).await.unwrap().release().await.unwrap();
+    let t = totals();
+    use metrics::Unit::{Count, Seconds};
+    for (metric, unit) in [
+        ("dbmutex_acquisitions_total", Count),
+        ("dbmutex_wait_seconds", Seconds),
+        ("dbmutex_held", Count),
+        ("dbmutex_hold_seconds", Seconds),
+    ] {
+        let (u, d) = t
+            .described
+            .get(metric)
+            .unwrap_or_else(|| panic!("{metric} not described: {t:#?}"));
+        assert_eq!((*u, d.is_empty()), (Some(unit), false), "{metric}");
+    }
 }

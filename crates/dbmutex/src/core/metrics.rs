@@ -54,10 +54,10 @@ impl Outcome {
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{describe, Attempt, Hold, Labels};
+pub(crate) use on::{Attempt, Hold, Labels};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use off::{describe, Attempt, Hold, Labels};
+pub(crate) use off::{Attempt, Hold, Labels};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -69,10 +69,10 @@ mod on {
 
     use super::{BackendKind, LockName, LossToken, Mode, Outcome};
 
-    /// Gives each series its unit and help text, once per process. A
-    /// recorder installed later (after the first locker) misses them, as
-    /// the facade has it; the series themselves are recorded all the same.
-    pub(crate) fn describe() {
+    /// Gives each series its unit and help text, once per process, at the
+    /// first acquisition. A recorder installed later misses them, as the
+    /// facade has it; the series themselves are recorded all the same.
+    fn describe() {
         static ONCE: Once = Once::new();
         ONCE.call_once(|| {
             ::metrics::describe_counter!(
@@ -125,6 +125,7 @@ mod on {
 
     impl Attempt {
         pub(crate) fn start(labels: Labels) -> Self {
+            describe();
             Attempt {
                 labels: Some(labels),
                 start: Instant::now(),
@@ -233,9 +234,6 @@ mod on {
 #[cfg(not(feature = "metrics"))]
 mod off {
     use super::{BackendKind, LockName, LossToken, Mode, Outcome};
-
-    #[inline(always)]
-    pub(crate) fn describe() {}
 
     #[derive(Clone, Debug)]
     pub(crate) struct Labels;

@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::backend::{Attempt, Backend, Missing, WaitIn};
 use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
 use super::loss::LossToken;
-use super::metrics::{self, Attempt as Measured, Labels, Outcome};
+use super::metrics::{Attempt as Measured, Labels, Outcome};
 use super::wait::{self, Backoff};
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -47,7 +47,6 @@ pub(crate) struct Pipeline<B: Backend> {
 
 impl<B: Backend> Pipeline<B> {
     pub(crate) fn new(backend: B, settings: Settings, id: u64) -> Self {
-        metrics::describe();
         Pipeline {
             server_waits: Arc::new(Semaphore::new(
                 settings.max_server_waits.min(Semaphore::MAX_PERMITS),
