@@ -23,6 +23,14 @@ const STRATEGIES: [WaitStrategy; 2] = [WaitStrategy::Poll, WaitStrategy::Server]
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// This test's turn, with the recorder installed (before the first
+/// acquisition of the process: the series are described then).
+async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    let t = SERIAL.lock().await;
+    snapshotter();
+    t
+}
+
 /// A series: metric name and its labels, sorted.
 type Series = (String, Vec<(String, String)>);
 
@@ -443,21 +451,21 @@ macro_rules! for_each_backend {
         mod local {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $body() {
-                let _turn = super::SERIAL.lock().await;
+                let _turn = super::turn().await;
                 super::$body(super::Backend::Local).await;
             })*
         }
         mod postgres {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $body() {
-                let _turn = super::SERIAL.lock().await;
+                let _turn = super::turn().await;
                 super::$body(super::Backend::Postgres).await;
             })*
         }
         mod mysql {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $body() {
-                let _turn = super::SERIAL.lock().await;
+                let _turn = super::turn().await;
                 super::$body(super::Backend::Mysql).await;
             })*
         }
@@ -472,13 +480,13 @@ for_each_backend!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_loss() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     a_loss_counts_once(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_loss() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     a_loss_counts_once(Backend::Mysql).await;
 }
 
@@ -509,7 +517,7 @@ async fn pg_deadlock_side(
 /// counts acquisitions but never the gauge (its release is the caller's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_deadlock() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let b = Backend::Postgres;
     let (n1, n2) = (unique("m-dl1"), unique("m-dl2"));
     let t0 = totals();
@@ -539,26 +547,62 @@ async fn postgres_deadlock() {
     assert_eq!(t1.held(b), 0.0);
 }
 
+/// Waits until the session holding MySQL lock `key` waits for another
+/// lock in the server (state `User lock`).
+async fn mysql_holder_waits(key: &str) {
+    use mysql_async::prelude::Queryable;
+    let mut c = common::mysql_raw().await;
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let state: Option<(Option<String>,)> = c
+            .exec_first(
+                "SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = IS_USED_LOCK(?)",
+                (key,),
+            )
+            .await
+            .unwrap();
+        if matches!(state, Some((Some(s),)) if s == "User lock") {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the holder of {key} never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// MySQL's deadlock victim (nested scoped calls in crossed order, on the
 /// enclosing locks' sessions) counts as `deadlock`, and every hold ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_deadlock() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let b = Backend::Mysql;
     let (a, c) = (b.locker().await, b.locker().await);
     let (n1, n2) = (unique("m-dl1"), unique("m-dl2"));
     let t0 = totals();
     let both_in = Arc::new(tokio::sync::Barrier::new(2));
-    let side = |l: dbmutex::Locker, first: String, second: String, both_in: Arc<tokio::sync::Barrier>| async move {
+    let side = |l: dbmutex::Locker,
+                first: String,
+                second: String,
+                both_in: Arc<tokio::sync::Barrier>,
+                after_waiter_of: Option<String>| async move {
         l.with_lock(first.as_str(), &LockOptions::new(), || async {
             both_in.wait().await;
+            if let Some(key) = after_waiter_of {
+                mysql_holder_waits(&key).await;
+            }
             l.with_lock(second.as_str(), &LockOptions::new(), || async {})
                 .await
         })
         .await
     };
-    let s1 = tokio::spawn(side(a, n1.clone(), n2.clone(), both_in.clone()));
-    let s2 = tokio::spawn(side(c, n2, n1, both_in));
+    // The second side closes the cycle once the first waits in the
+    // server (as in mysql_backend.rs): requests crossing at the same
+    // instant may both be refused.
+    let key1 = a.key_of(n1.as_str()).unwrap();
+    let s1 = tokio::spawn(side(a, n1.clone(), n2.clone(), both_in.clone(), None));
+    let s2 = tokio::spawn(side(c, n2, n1, both_in, Some(key1)));
     let (r1, r2) = (s1.await.unwrap().unwrap(), s2.await.unwrap().unwrap());
     let (Outcome::Acquired(i1), Outcome::Acquired(i2)) = (r1, r2) else {
         panic!("both outer locks acquired");
@@ -586,7 +630,7 @@ async fn mysql_deadlock() {
 /// any: acquisitions, and a hold from the guard to its release or drop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_caller_connection() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let b = Backend::Postgres;
     let x = Mode::Exclusive;
     let (c1, c2) = (pg_raw().await, pg_raw().await);
@@ -628,7 +672,7 @@ async fn postgres_caller_connection() {
 /// Every series has its unit and a description.
 #[tokio::test]
 async fn series_are_described() {
-    let _turn = SERIAL.lock().await;
+    let _turn = turn().await;
     let b = Backend::Local;
     let l = b.locker().await;
     let name = unique("m-describe");
