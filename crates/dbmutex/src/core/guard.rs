@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::loss::LossToken;
+use super::metrics::{Hold, Labels};
 use crate::{LockName, Mode, Result};
 
 /// A boxed, sendable future.
@@ -47,6 +48,8 @@ pub struct LockGuard {
     /// Marked released when the guard lets go of the lock, so that closing
     /// its connection afterwards is not reported as a loss.
     loss: LossToken,
+    /// The hold's metrics (nothing without the `metrics` feature).
+    metrics: Hold,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -60,9 +63,17 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(grant: Box<dyn Grant>, name: LockName, mode: Mode, count: Arc<AtomicUsize>) -> Self {
+    pub(crate) fn new(
+        grant: Box<dyn Grant>,
+        name: LockName,
+        mode: Mode,
+        count: Arc<AtomicUsize>,
+        labels: Labels,
+    ) -> Self {
+        let loss = grant.loss();
         LockGuard {
-            loss: grant.loss(),
+            metrics: Hold::start(labels, &loss),
+            loss,
             grant: Some(grant),
             name,
             mode,
@@ -114,6 +125,7 @@ impl LockGuard {
     /// happens in the background.
     pub async fn release(mut self) -> Result<()> {
         let grant = self.grant.take().expect("guard holds until released");
+        self.metrics.end(self.loss.is_lost());
         self.loss.mark_released();
         self.count.fetch_sub(1, Ordering::Relaxed);
         let hold_time = self.acquired_at.elapsed();
@@ -135,6 +147,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(grant) = self.grant.take() {
+            self.metrics.end(self.loss.is_lost());
             self.loss.mark_released();
             self.count.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released on drop");

@@ -43,6 +43,7 @@ fn settings(prefix: &str) -> Settings {
         name_comments: true,
         max_server_waits: 8,
         skip_pooler_check: false,
+        metrics_name_label: false,
     }
 }
 

@@ -6,6 +6,8 @@ use std::task::{Context, Poll, Waker};
 use tokio_postgres::{Client, SimpleQueryMessage, Transaction};
 
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
+use crate::core::loss::LossToken;
+use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::{failure, Failure};
 use crate::{LockName, LockOptions, Mode, Result};
@@ -108,6 +110,7 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
         return Ok(None);
     }
     Ok(Some(ClientLockGuard {
+        _metrics: Hold::start(r.labels(), &LossToken::never()),
         client,
         key,
         mode: opts.get_mode(),
@@ -126,6 +129,8 @@ pub struct ClientLockGuard<'c> {
     mode: Mode,
     name: LockName,
     held: bool,
+    /// Ends (dbmutex_held down) when the guard is released or dropped.
+    _metrics: Hold,
 }
 
 impl ClientLockGuard<'_> {

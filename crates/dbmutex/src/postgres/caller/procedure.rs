@@ -3,10 +3,11 @@
 
 use std::future::Future;
 
-use crate::core::wait;
+use crate::core::{metrics, wait};
 use crate::key::{pg_key, PgKey, Prefix};
 use crate::postgres::errors::{map_failure, Failure};
 use crate::postgres::sql::{self, Call};
+use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 
 /// A connection that runs simple-protocol batches.
@@ -77,6 +78,12 @@ impl<'a> Request<'a> {
 }
 
 impl Request<'_> {
+    /// The metrics' labels: PostgreSQL, the mode, never the name (these
+    /// calls have no locker settings to opt in with).
+    pub(crate) fn labels(&self) -> metrics::Labels {
+        metrics::Labels::new(BackendKind::Postgres, self.opts.get_mode(), self.name, false)
+    }
+
     /// `SELECT fn(key)`, and for a transaction lock the guard that refuses a
     /// server session another dbmutex client claimed (no row then).
     fn statement(&self, call: Call, name: Option<&LockName>) -> String {
@@ -96,7 +103,15 @@ impl Request<'_> {
 }
 
 /// Takes the lock `r` asks for on `c`; `false` when the wait ended without it.
+/// Counted in the metrics as any acquisition (crate docs, "Metrics").
 pub(crate) async fn acquire<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
+    let measured = metrics::Attempt::start(r.labels());
+    let got = acquire_inner(c, r).await;
+    measured.end(metrics::Outcome::of(got.as_ref().copied(), r.opts.is_try_once()));
+    got
+}
+
+async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
     let deadline = wait::deadline(r.opts.timeout);
     // No name on the try: one text per key form, and nobody sees it. The
     // server wait carries it, where pg_stat_activity shows it.

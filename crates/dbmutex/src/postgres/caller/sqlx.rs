@@ -38,6 +38,8 @@ use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection;
 
 use super::procedure::{acquire, unlock, Exec, Request};
+use crate::core::loss::LossToken;
+use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::Failure;
 use crate::{Error, LockName, LockOptions, Mode, Result};
@@ -203,6 +205,7 @@ pub async fn lock_session<C: OwnedConnection>(
         return Ok(Err(armed.disarm()));
     }
     Ok(Ok(SessionGuard {
+        _metrics: Hold::start(r.labels(), &LossToken::never()),
         conn: Some(armed.disarm()),
         key,
         mode: opts.get_mode(),
@@ -217,6 +220,8 @@ pub struct SessionGuard<C: OwnedConnection> {
     key: PgKey,
     mode: Mode,
     name: LockName,
+    /// Ends (dbmutex_held down) when the guard is released or dropped.
+    _metrics: Hold,
 }
 
 impl<C: OwnedConnection> SessionGuard<C> {
