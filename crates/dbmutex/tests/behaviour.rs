@@ -664,6 +664,55 @@ async fn drop_does_not_wait_for_a_silent_server(b: Backend) {
     drop(a);
 }
 
+/// `max_hold`: a guard reports the hold as over (as it reports a loss) and
+/// keeps the lock until released; a scoped call stops its closure, releases
+/// and returns `MaxHoldExceeded`.
+async fn max_hold_is_reported_and_ends_scoped_calls(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("max-hold");
+    let limit = Duration::from_millis(300);
+    let opts = LockOptions::new().max_hold(limit);
+    let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free");
+    assert!(!g.max_hold_exceeded());
+    let t = Instant::now();
+    tokio::time::timeout(SETTLE, g.lost())
+        .await
+        .expect("reported within the bound");
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(250), "reported early: {took:?}");
+    assert!(g.max_hold_exceeded() && g.is_held(), "reported, not enforced");
+    assert!(
+        other.try_lock(name.as_str()).await.unwrap().is_none(),
+        "still held"
+    );
+    g.release().await.unwrap();
+    assert!(free_for(&other, &name).await);
+
+    let stopped = Arc::new(AtomicBool::new(true));
+    let s2 = stopped.clone();
+    let t = Instant::now();
+    let r = a
+        .with_lock(name.as_str(), &opts, || async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            s2.store(false, Ordering::SeqCst);
+        })
+        .await;
+    let took = t.elapsed();
+    match r {
+        Err(Error::MaxHoldExceeded { max_hold, .. }) => assert_eq!(max_hold, limit),
+        other => panic!("expected MaxHoldExceeded, got {other:?}"),
+    }
+    assert!(
+        stopped.load(Ordering::SeqCst) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    assert!(free_for(&other, &name).await, "released after max_hold");
+
+    // Within the limit nothing is reported.
+    let out = a.with_lock(name.as_str(), &opts, || async { 7 }).await.unwrap();
+    assert_eq!(out, Outcome::Acquired(7));
+}
+
 for_each_backend! {
     [
         exclusive_excludes_another_session,
@@ -683,6 +732,7 @@ for_each_backend! {
         introspection,
         bad_names_are_typed_errors,
         cap_on_held_locks,
+        max_hold_is_reported_and_ends_scoped_calls,
     ]
     postgres: [
         lost_connection_is_reported,

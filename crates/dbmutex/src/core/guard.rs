@@ -50,6 +50,8 @@ pub struct LockGuard {
     loss: LossToken,
     /// The hold's metrics (nothing without the `metrics` feature).
     metrics: Hold,
+    /// When the hold passes its `max_hold`.
+    max_hold_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -69,8 +71,10 @@ impl LockGuard {
         mode: Mode,
         count: Arc<AtomicUsize>,
         labels: Labels,
+        max_hold: Option<Duration>,
     ) -> Self {
         let loss = grant.loss();
+        let max_hold_at = max_hold.and_then(|d| tokio::time::Instant::now().checked_add(d));
         LockGuard {
             metrics: Hold::start(labels, &loss),
             loss,
@@ -79,6 +83,7 @@ impl LockGuard {
             mode,
             acquired_at: Instant::now(),
             count,
+            max_hold_at,
         }
     }
 
@@ -103,15 +108,36 @@ impl LockGuard {
         !self.loss.is_released() && !self.loss.is_lost()
     }
 
-    /// Completes when the lock is lost while this guard holds it. Never
-    /// completes for a lock that cannot be lost (local backend), nor once
-    /// the guard has released it (or been dropped).
+    /// Completes when the lock is lost while this guard holds it, or when
+    /// the hold passes its [`LockOptions::max_hold`](crate::LockOptions::max_hold)
+    /// ([`LockGuard::max_hold_exceeded`] tells which). Never completes for a
+    /// lock that cannot be lost (local backend) and has no `max_hold`, nor
+    /// once the guard has released it (or been dropped).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: the future only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.loss.lost()
+        let lost = self.loss.lost();
+        let at = self.max_hold_at;
+        async move {
+            match at {
+                Some(at) => tokio::select! {
+                    () = lost => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                None => lost.await,
+            }
+        }
+    }
+
+    /// True once the hold has lasted longer than its
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold). The lock is
+    /// still held (until released or dropped): the limit is reported, not
+    /// enforced.
+    pub fn max_hold_exceeded(&self) -> bool {
+        self.max_hold_at
+            .is_some_and(|at| tokio::time::Instant::now() >= at)
     }
 
     /// Releases the lock now and reports the server's answer.

@@ -113,6 +113,7 @@ impl<B: Backend> Pipeline<B> {
                     opts.mode,
                     self.count.clone(),
                     labels,
+                    opts.max_hold,
                 )))
             }
             None if opts.is_try_once() => {
