@@ -94,6 +94,7 @@ mod options;
 pub mod postgres;
 mod redact;
 mod settings;
+mod slots;
 mod types;
 
 pub use crate::core::guard::LockGuard;
@@ -104,4 +105,5 @@ pub use key::{LockName, Prefix};
 pub use locker::Locker;
 pub use options::{LockOptions, Mode, WaitStrategy};
 pub use redact::redact_url;
+pub use slots::{SlotGuard, MAX_SLOTS};
 pub use types::{BackendKind, Capabilities, HeldLock, Holder, ListedLock, Outcome};

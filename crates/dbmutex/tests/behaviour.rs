@@ -713,6 +713,68 @@ async fn max_hold_is_reported_and_ends_scoped_calls(b: Backend) {
     assert_eq!(out, Outcome::Acquired(7));
 }
 
+/// Slots: at most N holders of a name at once, across sessions; a slot
+/// never excludes the plain lock of the same name; a freed slot is taken by
+/// a waiter.
+async fn slots_admit_at_most_n_holders(b: Backend) {
+    let name = unique("slots");
+    let lockers = [
+        b.locker().await,
+        b.locker().await,
+        b.locker().await,
+        b.locker().await,
+    ];
+    let once = LockOptions::try_once();
+    let mut held = Vec::new();
+    for l in &lockers[..3] {
+        held.push(
+            l.acquire_slot(name.as_str(), 3, &once)
+                .await
+                .unwrap()
+                .expect("a free slot"),
+        );
+    }
+    let mut taken: Vec<u32> = held.iter().map(|s| s.slot()).collect();
+    taken.sort_unstable();
+    assert_eq!(taken, [0, 1, 2], "each holder its own slot");
+    assert!(
+        lockers[3]
+            .acquire_slot(name.as_str(), 3, &once)
+            .await
+            .unwrap()
+            .is_none(),
+        "a 4th holder"
+    );
+    // The plain lock of the same name is another lock.
+    let plain = lockers[3]
+        .try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("plain lock free");
+    plain.release().await.unwrap();
+
+    let waiter = {
+        let (l, n) = (lockers[3].clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .timeout(SETTLE)
+                .max_backoff(Duration::from_millis(20));
+            l.acquire_slot(n.as_str(), 3, &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a 4th holder while 3 hold");
+    let freed = held.remove(1);
+    let slot = freed.slot();
+    freed.release().await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("the freed slot");
+    assert_eq!(got.slot(), slot);
+    assert!(matches!(
+        lockers[0].acquire_slot(name.as_str(), 0, &once).await,
+        Err(Error::Config(_))
+    ));
+}
+
 for_each_backend! {
     [
         exclusive_excludes_another_session,
@@ -733,6 +795,7 @@ for_each_backend! {
         bad_names_are_typed_errors,
         cap_on_held_locks,
         max_hold_is_reported_and_ends_scoped_calls,
+        slots_admit_at_most_n_holders,
     ]
     postgres: [
         lost_connection_is_reported,
