@@ -49,10 +49,18 @@ impl Program {
     /// runtime is current-thread): the parent-death signal fires when the
     /// *thread* that forked exits.
     ///
+    /// `env` is added to the program's environment (`DBMUTEX_*`).
+    ///
     /// Fails with 127 when the program is not found and 126 when it cannot
     /// be executed, as env(1) and shells do.
-    pub fn spawn(&self, report_fd: RawFd, terminal: Option<RawFd>) -> Result<Child, Failure> {
+    pub fn spawn(
+        &self,
+        report_fd: RawFd,
+        terminal: Option<RawFd>,
+        env: &[(&str, String)],
+    ) -> Result<Child, Failure> {
         let mut cmd = self.command();
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         in_own_group(&mut cmd, report_fd, terminal);
         die_with_parent(&mut cmd);
         cmd.spawn().map_err(|e| {
