@@ -280,17 +280,18 @@ impl Backend for PgBackend {
         at: &'a mut Attempt<'_, Self>,
     ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
-            // No name in the statement (one text for every try: cheaper to
-            // parse); it goes into the session's keepalive probe instead,
-            // where `pg_stat_activity` shows it. Unnamed unless name comments
-            // are off (then prepared, see `LockerBuilder::name_comments`).
+            // No name in the statement (prepared once per connection under a
+            // name of its own, see conn/executed.rs); it goes into the
+            // session's keepalive probe instead, where `pg_stat_activity`
+            // shows it. With name comments off, protocol-level prepared
+            // statements (see `LockerBuilder::name_comments`).
             let lock = SessionLock {
                 conn: tries.conn.clone(),
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
                 text: if at.settings.name_comments {
-                    Text::Simple
+                    Text::Executed
                 } else {
                     Text::Prepared
                 },

@@ -110,6 +110,21 @@ pub(crate) fn bound_plain<'a>(
     (sql, params)
 }
 
+/// `SELECT fn($1[, $2]) WHERE <guard>` with the claim token inlined, for a
+/// server-side `PREPARE` (the token is hex digits: nothing to escape).
+pub(crate) fn prepared_body(call: Call, mode: Mode, key: &PgKey, owner: &str) -> String {
+    debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
+    let args = match key {
+        PgKey::Big(_) => "$1",
+        _ => "$1, $2",
+    };
+    format!(
+        "SELECT {}({args}) WHERE {}",
+        function(call, false, mode),
+        guard(false, key, &format!("'{owner}'"))
+    )
+}
+
 /// `SELECT fn(k1, k2) WHERE <guard> /* name */` with the integers and the
 /// claim token inlined, for simple-query batches; without the comment when
 /// `name` is `None`. The token is hex digits (or empty): nothing to escape.
@@ -224,6 +239,18 @@ mod tests {
         );
         assert!(inline(Call::Wait, true, Mode::Exclusive, &PgKey::Big(-5), Some(&"x".into()), "")
             .starts_with("SELECT pg_advisory_xact_lock(-5) WHERE (coalesce(current_setting('dbmutex.owner', true), '') IN ('', '') OR NOT EXISTS"));
+    }
+
+    #[test]
+    fn prepared_bodies_inline_only_the_token() {
+        assert_eq!(
+            prepared_body(Call::Try, Mode::Shared, &PgKey::Pair(1, 2), "ab12"),
+            "SELECT pg_try_advisory_lock_shared($1, $2) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
+        );
+        assert_eq!(
+            prepared_body(Call::Unlock, Mode::Exclusive, &PgKey::Big(9), "ab12"),
+            "SELECT pg_advisory_unlock($1) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
+        );
     }
 
     #[test]

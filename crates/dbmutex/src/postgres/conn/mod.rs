@@ -11,6 +11,7 @@
 
 mod claim;
 mod connector;
+mod executed;
 mod heartbeat;
 mod session;
 mod tls;

@@ -19,10 +19,10 @@ pub(crate) enum Text {
     /// Unnamed, no comment. Safe behind any pooler: nothing is left on the
     /// server session between statements.
     Plain,
-    /// The simple protocol (one `Query` message), the key and the claim
-    /// token inlined as literals, no comment: as safe as `Plain` (nothing
-    /// left on the server session), fewer messages and no bind step.
-    Simple,
+    /// `EXECUTE` of a statement this connection `PREPARE`d under a name of
+    /// its own (see `executed.rs`): parsed once, and no other client's
+    /// statement can ever run under that name.
+    Executed,
     /// A named prepared statement (`name_comments(false)`): parsed once per
     /// connection. Behind a pooler that passes statement names through, a
     /// name may meet another client's statement: only without one.
@@ -86,6 +86,8 @@ pub(crate) struct PgConn {
     /// builds no SQL text to find one.
     pub(super) statements:
         std::sync::Mutex<std::collections::HashMap<(Call, Mode, bool), tokio_postgres::Statement>>,
+    /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]).
+    pub(super) executed: std::sync::Mutex<std::collections::HashSet<(Call, Mode, bool)>>,
     /// The server session this connection claimed when it connected; unset
     /// when that session was already claimed by another client.
     pub(super) claim: std::sync::OnceLock<Claim>,
@@ -138,6 +140,7 @@ impl PgConn {
             task: task.abort_handle(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
+            executed: Default::default(),
             last_comment: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
             born: std::time::Instant::now(),
@@ -179,19 +182,7 @@ impl PgConn {
                 let (sql, params) = sql::bound_plain(call, false, mode, key, owner);
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
-            Text::Simple => {
-                let sql = sql::inline(call, false, mode, key, None, owner);
-                let msgs = self.client.simple_query(&sql).await?;
-                self.heard_from_server();
-                let first = msgs.iter().find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0) != Some("f")),
-                    _ => None,
-                });
-                if first.is_none() {
-                    self.moved();
-                }
-                return Ok(first);
-            }
+            Text::Executed => return self.executed_call(call, mode, key, owner).await,
             Text::Prepared => {
                 let stmt = self.prepared(call, mode, key).await?;
                 let params = sql::Params::of(key, owner);
