@@ -62,6 +62,7 @@ impl BackendKind {
                 server_wait: true,
                 can_lose: true,
                 session_locks: true,
+                fencing: true,
             },
             BackendKind::Mysql => Capabilities {
                 shared: false,
@@ -69,6 +70,7 @@ impl BackendKind {
                 server_wait: true,
                 can_lose: true,
                 session_locks: true,
+                fencing: true,
             },
             BackendKind::Local => Capabilities {
                 shared: true,
@@ -76,6 +78,7 @@ impl BackendKind {
                 server_wait: false,
                 can_lose: false,
                 session_locks: true,
+                fencing: true,
             },
         }
     }
@@ -101,6 +104,8 @@ pub struct Capabilities {
     /// whose PostgreSQL server sits behind a transaction pooler (see
     /// [`Locker::capabilities`](crate::Locker::capabilities)).
     pub session_locks: bool,
+    /// Fencing tokens ([`LockOptions::fenced`](crate::LockOptions::fenced)).
+    pub fencing: bool,
 }
 
 /// Who holds a lock, as the server reports it.

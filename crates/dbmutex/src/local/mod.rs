@@ -50,6 +50,7 @@
 //! descriptor.
 
 mod dir;
+mod fence;
 mod file;
 mod note;
 mod proc_locks;
@@ -221,7 +222,7 @@ impl Backend for LocalBackend {
                     return Ok(None);
                 }
             };
-            let grant = Box::new(FileGrant::new(file, at.hold.take()));
+            let grant = Box::new(FileGrant::new(file, tries.req.path.clone(), at.hold.take()));
             // One await point with the lock taken, even when the blocking-pool
             // work finished before it was awaited (a woken pool thread often
             // runs first): cancellation there must free the lock, and the
@@ -339,13 +340,16 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
 struct FileGrant {
     /// `None` once released.
     file: Option<LockFile>,
+    /// Where the lock file is (its fence file is beside it).
+    path: PathBuf,
     hold: Option<Hold<String>>,
 }
 
 impl FileGrant {
-    fn new(file: LockFile, hold: Option<Hold<String>>) -> Self {
+    fn new(file: LockFile, path: PathBuf, hold: Option<Hold<String>>) -> Self {
         FileGrant {
             file: Some(file),
+            path,
             hold,
         }
     }
@@ -371,6 +375,11 @@ impl Grant for FileGrant {
 
     fn loss(&self) -> LossToken {
         LossToken::never()
+    }
+
+    fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
+        let path = self.path.clone();
+        Box::pin(blocking(move || fence::issue(&path)))
     }
 }
 

@@ -144,6 +144,7 @@
 mod check;
 mod conn;
 mod errors;
+mod fence;
 mod get_lock;
 mod grant;
 mod introspect;
@@ -302,6 +303,7 @@ impl Backend for MyBackend {
                  locks need PostgreSQL — on MySQL take a session lock and release it when your transaction ends"
                 .into(),
             Missing::SessionLocks => "MySQL/MariaDB user locks are session locks".into(),
+            Missing::Fencing => "this MySQL/MariaDB locker issues no fencing tokens".into(),
         }
     }
 

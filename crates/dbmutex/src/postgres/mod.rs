@@ -39,6 +39,7 @@ mod caller;
 mod conn;
 mod dedicated;
 mod errors;
+mod fence;
 mod handoff;
 mod introspect;
 mod lazy;

@@ -1,0 +1,313 @@
+//! Fencing tokens (`LockOptions::fenced`) on every backend, against the
+//! real servers: tokens grow across lockers ("processes") and new lockers
+//! ("client restarts"); a stale holder's write is refused by the documented
+//! check (the zombie case); an acquisition whose token cannot be issued
+//! leaves nothing held; options that cannot be fenced are refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{mysql_raw, pg_raw, pg_url, unique, Backend};
+use dbmutex::{Error, LockOptions, Locker};
+use mysql_async::prelude::Queryable;
+
+fn fenced() -> LockOptions {
+    LockOptions::new().fenced(true).timeout(Duration::from_secs(10))
+}
+
+async fn fence_of(l: &Locker, name: &str) -> (dbmutex::LockGuard, u64) {
+    let g = l.acquire(name, &fenced()).await.unwrap().expect("acquired");
+    let t = g.fence().expect("a fenced guard carries a token");
+    (g, t)
+}
+
+/// Two lockers take turns 50 times each, then a third (a restarted client)
+/// takes it: every token is greater than the one before.
+async fn tokens_grow(backend: Backend) {
+    let name = unique("fence-grow");
+    let (a, b) = (backend.locker().await, backend.locker().await);
+    let mut seen = Vec::new();
+    for i in 0..100 {
+        let l = if i % 2 == 0 { &a } else { &b };
+        let (g, t) = fence_of(l, &name).await;
+        seen.push(t);
+        g.release().await.unwrap();
+    }
+    drop((a, b));
+    let restarted = backend.locker().await;
+    let (g, t) = fence_of(&restarted, &name).await;
+    seen.push(t);
+    g.release().await.unwrap();
+    assert!(
+        seen.windows(2).all(|w| w[1] > w[0]),
+        "{backend:?} tokens must grow strictly: {seen:?}"
+    );
+    eprintln!(
+        "{backend:?} tokens: {:?} .. {:?}",
+        &seen[..3],
+        &seen[seen.len() - 3..]
+    );
+    // Unfenced acquisitions carry none, and issue none.
+    let g = restarted.lock(name.as_str()).await.unwrap();
+    assert_eq!(g.fence(), None);
+    g.release().await.unwrap();
+    let (g, next) = fence_of(&restarted, &name).await;
+    assert_eq!(next, t + 1, "an unfenced acquisition issued no token");
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_tokens_grow_across_lockers_and_restarts() {
+    tokens_grow(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn mysql_tokens_grow_across_lockers_and_restarts() {
+    tokens_grow(Backend::Mysql).await;
+}
+
+#[tokio::test]
+async fn local_tokens_grow_across_lockers_and_restarts() {
+    tokens_grow(Backend::Local).await;
+}
+
+/// A table name no other run uses.
+fn resource_table() -> String {
+    unique("fence_res").replace('-', "_")
+}
+
+/// A holds with token t; A's session is killed; B takes the lock (t' > t)
+/// and writes; A's late write under t is refused by the documented check.
+#[tokio::test]
+async fn postgres_zombie_write_is_refused() {
+    let name = unique("fence-zombie");
+    let table = resource_table();
+    let (resource_a, resource_b) = (pg_raw().await, pg_raw().await);
+    resource_a
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id text PRIMARY KEY, val text, fence bigint NOT NULL DEFAULT 0);
+             INSERT INTO {table} (id) VALUES ('r')"
+        ))
+        .await
+        .unwrap();
+    let write = format!("UPDATE {table} SET val = $2, fence = $1 WHERE id = $3 AND fence <= $1");
+
+    let a = Backend::Postgres.locker().await;
+    let (ga, t) = fence_of(&a, &name).await;
+    let n = resource_a
+        .execute(&write, &[&(t as i64), &"a1", &"r"])
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "the holder writes under its token");
+    let pid = a.holders(name.as_str()).await.unwrap()[0].pid;
+    Backend::Postgres.kill_session(pid).await;
+
+    let b = Backend::Postgres.locker().await;
+    let (gb, t2) = fence_of(&b, &name).await;
+    assert!(t2 > t, "{t2} > {t}");
+    let n = resource_b
+        .execute(&write, &[&(t2 as i64), &"b", &"r"])
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let n = resource_a
+        .execute(&write, &[&(t as i64), &"a2", &"r"])
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "the zombie's late write under {t} is refused");
+    let row = resource_b
+        .query_one(&format!("SELECT val, fence FROM {table} WHERE id = 'r'"), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        ("b".into(), t2 as i64)
+    );
+    tokio::time::timeout(Duration::from_secs(2), ga.lost())
+        .await
+        .expect("A learns of the loss");
+    gb.release().await.unwrap();
+    resource_b
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn mysql_zombie_write_is_refused() {
+    let name = unique("fence-zombie");
+    let table = resource_table();
+    let (mut resource_a, mut resource_b) = (mysql_raw().await, mysql_raw().await);
+    resource_a
+        .query_drop(format!(
+            "CREATE TABLE {table} (id VARCHAR(16) PRIMARY KEY, val TEXT, fence BIGINT UNSIGNED NOT NULL DEFAULT 0)"
+        ))
+        .await
+        .unwrap();
+    resource_a
+        .query_drop(format!("INSERT INTO {table} (id) VALUES ('r')"))
+        .await
+        .unwrap();
+    let write = format!("UPDATE {table} SET val = ?, fence = ? WHERE id = ? AND fence <= ?");
+
+    let a = Backend::Mysql.locker().await;
+    let (ga, t) = fence_of(&a, &name).await;
+    resource_a.exec_drop(&write, ("a1", t, "r", t)).await.unwrap();
+    assert_eq!(resource_a.affected_rows(), 1, "the holder writes under its token");
+    let pid = a.holders(name.as_str()).await.unwrap()[0].pid;
+    Backend::Mysql.kill_session(pid).await;
+
+    let b = Backend::Mysql.locker().await;
+    let (gb, t2) = fence_of(&b, &name).await;
+    assert!(t2 > t, "{t2} > {t}");
+    resource_b.exec_drop(&write, ("b", t2, "r", t2)).await.unwrap();
+    assert_eq!(resource_b.affected_rows(), 1);
+    resource_a.exec_drop(&write, ("a2", t, "r", t)).await.unwrap();
+    assert_eq!(
+        resource_a.affected_rows(),
+        0,
+        "the zombie's late write under {t} is refused"
+    );
+    let row: Option<(String, u64)> = resource_b
+        .query_first(format!("SELECT val, fence FROM {table} WHERE id = 'r'"))
+        .await
+        .unwrap();
+    assert_eq!(row, Some(("b".into(), t2)));
+    tokio::time::timeout(Duration::from_secs(2), ga.lost())
+        .await
+        .expect("A learns of the loss");
+    gb.release().await.unwrap();
+    resource_b
+        .query_drop(format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// A PostgreSQL locker whose `search_path` starts with a fresh schema.
+async fn pg_in_schema(schema: &str) -> Locker {
+    let sep = if pg_url().contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-csearch_path%3D{schema}", pg_url());
+    Backend::Postgres.connect(Locker::builder(&url)).await
+}
+
+/// The table appears on first use, also when many lockers race to create
+/// it (in a schema of their own, so the shared one is left alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_creates_the_table_on_first_use_under_a_race() {
+    let schema = resource_table();
+    let raw = pg_raw().await;
+    raw.batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut lockers = Vec::new();
+    for _ in 0..6 {
+        lockers.push(pg_in_schema(&schema).await);
+    }
+    let name = unique("fence-race");
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, l) in lockers.into_iter().enumerate() {
+        let n = format!("{name}-{i}");
+        tasks.spawn(async move { fence_of(&l, &n).await.1 });
+    }
+    let tokens = tasks.join_all().await;
+    assert_eq!(tokens, vec![1; 6], "each name's first token is 1");
+    let rows = raw
+        .query_one(&format!("SELECT count(*) FROM {schema}.dbmutex_fence"), &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.get::<_, i64>(0), 6);
+    raw.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// A token that cannot be issued fails the acquisition and leaves the lock
+/// free (PostgreSQL: a `dbmutex_fence` of the wrong shape first in the
+/// `search_path`).
+#[tokio::test]
+async fn postgres_failed_fence_leaves_nothing_held() {
+    let schema = resource_table();
+    let raw = pg_raw().await;
+    raw.batch_execute(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.dbmutex_fence (lock_key text PRIMARY KEY, token text)"
+    ))
+    .await
+    .unwrap();
+    let l = pg_in_schema(&schema).await;
+    let name = unique("fence-fail");
+    let err = l.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(matches!(err, Error::Database(_)), "{err:?}");
+    assert_eq!(l.held_count(), 0);
+    let other = Backend::Postgres.locker().await;
+    assert!(common::free_for(&other, &name).await, "the lock was released");
+    assert!(common::free_for(&l, &name).await, "and its in-process hold");
+    raw.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// The same on the local backend: a fence file that holds no token.
+#[tokio::test]
+async fn local_failed_fence_leaves_nothing_held() {
+    let dir = std::env::temp_dir().join(format!("dbmutex-fence-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let l = Locker::local_builder(Some(dir.clone())).connect().await.unwrap();
+    let name = unique("fence-fail");
+    let (g, t) = fence_of(&l, &name).await;
+    assert_eq!(t, 1);
+    g.release().await.unwrap();
+    let fence_file = dir.join(format!("{}.fence", l.key_of(name.as_str()).unwrap()));
+    assert_eq!(
+        std::fs::read_to_string(&fence_file).unwrap(),
+        "1\n",
+        "beside the lock file"
+    );
+    std::fs::write(&fence_file, "garbage").unwrap();
+    let err = l.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(matches!(err, Error::Io(_)), "{err:?}");
+    assert_eq!(l.held_count(), 0);
+    let other = Locker::local_builder(Some(dir.clone())).connect().await.unwrap();
+    assert!(
+        common::free_for(&other, &name).await,
+        "the lock file was unlocked"
+    );
+    assert!(
+        common::free_for(&l, &name).await,
+        "and the in-process hold let go"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Shared and transaction locks cannot be fenced: refused before anything
+/// is locked.
+#[tokio::test]
+async fn shared_and_transaction_locks_are_not_fenced() {
+    let l = Backend::Postgres.locker().await;
+    let name = unique("fence-refused");
+    for opts in [fenced().shared(true), fenced().transaction(true)] {
+        let err = l.acquire(name.as_str(), &opts).await.unwrap_err();
+        assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+    }
+    assert_eq!(l.held_count(), 0);
+    assert!(!l.is_locked(name.as_str()).await.unwrap());
+}
+
+/// Fenced server-side waits (a dedicated connection) get tokens too, in
+/// lock order behind the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_server_wait_gets_the_next_token() {
+    let name = unique("fence-wait");
+    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    let (ga, t) = fence_of(&a, &name).await;
+    let opts = fenced().wait_strategy(dbmutex::WaitStrategy::Server);
+    let waiter = tokio::spawn(async move {
+        let g = b.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+        let t = g.fence().unwrap();
+        g.release().await.unwrap();
+        t
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ga.release().await.unwrap();
+    assert_eq!(waiter.await.unwrap(), t + 1);
+}
