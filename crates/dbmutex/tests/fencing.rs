@@ -311,3 +311,35 @@ async fn postgres_server_wait_gets_the_next_token() {
     ga.release().await.unwrap();
     assert_eq!(waiter.await.unwrap(), t + 1);
 }
+
+/// A fenced acquisition cancelled at each of its await points (the fence
+/// statement's included) leaves nothing held.
+async fn cancelled_fenced_acquire_leaves_nothing(backend: Backend) {
+    let (a, other) = (backend.locker().await, backend.locker().await);
+    let name = unique("fence-cancel");
+    let mut n = 0;
+    loop {
+        let out = common::CancelAfter::new(a.acquire(name.as_str(), &fenced()), n).await;
+        if let Some(g) = out {
+            let g = g.unwrap().expect("uncontended");
+            assert!(g.fence().is_some());
+            g.release().await.unwrap();
+            break;
+        }
+        assert!(
+            common::eventually(Duration::from_secs(10), || common::free_for(&other, &name)).await,
+            "{backend:?}: held after a cancellation at await point {n}"
+        );
+        n += 1;
+        assert!(n < 200, "{backend:?}: the acquire never completed");
+    }
+    assert!(n > 0, "{backend:?}: the acquire never suspended");
+    assert_eq!(a.held_count(), 0);
+}
+
+#[tokio::test]
+async fn cancelled_fenced_acquires_leave_nothing_held() {
+    for b in [Backend::Postgres, Backend::Mysql, Backend::Local] {
+        cancelled_fenced_acquire_leaves_nothing(b).await;
+    }
+}

@@ -3,6 +3,7 @@
 use super::*;
 use crate::core::pipeline::{Engine, Pipeline};
 use crate::key::Prefix;
+use crate::Error;
 
 /// A fresh directory under the system's temp dir, removed on drop.
 pub(crate) struct TempDir(PathBuf);
