@@ -9,6 +9,14 @@ use tokio::process::{Child, Command};
 
 use crate::exit::{self, Failure};
 
+/// What the command learns of its lock, in its environment.
+pub struct Env {
+    /// `DBMUTEX_LOCK_NAME`: the lock's name as given.
+    pub lock_name: String,
+    /// `DBMUTEX_FENCE`: the fencing token (`--fence`), else unset.
+    pub fence: Option<u64>,
+}
+
 /// What to run: an argv, or a shell command line.
 pub enum Program {
     Argv(Vec<OsString>),
@@ -51,8 +59,13 @@ impl Program {
     ///
     /// Fails with 127 when the program is not found and 126 when it cannot
     /// be executed, as env(1) and shells do.
-    pub fn spawn(&self, report_fd: RawFd, terminal: Option<RawFd>) -> Result<Child, Failure> {
+    pub fn spawn(&self, report_fd: RawFd, terminal: Option<RawFd>, env: &Env) -> Result<Child, Failure> {
         let mut cmd = self.command();
+        cmd.env("DBMUTEX_LOCK_NAME", &env.lock_name);
+        match env.fence {
+            Some(token) => cmd.env("DBMUTEX_FENCE", token.to_string()),
+            None => cmd.env_remove("DBMUTEX_FENCE"),
+        };
         in_own_group(&mut cmd, report_fd, terminal);
         die_with_parent(&mut cmd);
         cmd.spawn().map_err(|e| {

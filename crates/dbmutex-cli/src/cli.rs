@@ -53,6 +53,7 @@ Examples:
   dbmutex list --json
   dbmutex key nightly-report
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
+  dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
   dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
 
@@ -201,6 +202,12 @@ pub struct RunArgs {
     /// PostgreSQL: hold a transaction-level lock (safe behind PgBouncer transaction pooling)
     #[arg(long)]
     pub transaction: bool,
+
+    /// Issue a fencing token with the lock and export it to the command as
+    /// DBMUTEX_FENCE (greater than every earlier holder's; exclusive session
+    /// locks only). The command always gets DBMUTEX_LOCK_NAME.
+    #[arg(long, conflicts_with_all = ["shared", "transaction"])]
+    pub fence: bool,
 
     /// Seconds between SIGTERM and SIGKILL to the command's process group
     /// (lock lost, dbmutex killed, or processes left behind)

@@ -49,7 +49,10 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         LockName::Int(n) => n.to_string(),
         _ => shown(&args.name),
     };
-    let opts = LockOptions::new().mode(mode).transaction(args.transaction);
+    let opts = LockOptions::new()
+        .mode(mode)
+        .transaction(args.transaction)
+        .fenced(args.fence);
     let wait = args.wait();
     // A busy lock is news unless -q, or -E 0 (not acquired = nothing to
     // report) without -v.
@@ -135,7 +138,13 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     };
     // The group gets the terminal only if dbmutex has it (foreground job).
     let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
-    let child = match program.spawn(guardian.report_fd(), give) {
+    // The name as given; the token only when asked for (an inherited one,
+    // from an outer `dbmutex run --fence`, is not this lock's).
+    let env = child::Env {
+        lock_name: args.name.clone(),
+        fence: guard.fence(),
+    };
+    let child = match program.spawn(guardian.report_fd(), give, &env) {
         Ok(c) => c,
         Err(f) => {
             guardian.disarm();

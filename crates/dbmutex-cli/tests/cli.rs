@@ -1536,6 +1536,48 @@ fn status_json_errors(b: &Backend) {
     assert_eq!(v["error"]["exit"], 64, "{v}");
 }
 
+/// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
+/// exports `DBMUTEX_LOCK_NAME`, and an inherited `DBMUTEX_FENCE` does not
+/// reach an unfenced command.
+fn fence_is_exported(b: &Backend) {
+    let name = b.name("fence");
+    let show = "echo \"${DBMUTEX_FENCE-unset} $DBMUTEX_LOCK_NAME\"";
+    let fenced = || {
+        let out = b.run(&["run", "--fence", &name, "--", "sh", "-c", show]);
+        assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (token, lock) = text.trim().split_once(' ').expect("token and name");
+        assert_eq!(lock, name, "[{}] DBMUTEX_LOCK_NAME", b.kind);
+        token
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("[{}] DBMUTEX_FENCE is not a token: {text:?}", b.kind))
+    };
+    let (first, second) = (fenced(), fenced());
+    assert!(
+        second > first,
+        "[{}] second run's token {second} > first's {first}",
+        b.kind
+    );
+    let out = b
+        .cmd(&["run", &name, "--", "sh", "-c", show])
+        .env("DBMUTEX_FENCE", "999")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("unset {name}")
+    );
+    let out = b.run(&["run", "--fence", "-s", &name, "--", "true"]);
+    assert_eq!(
+        code(&out),
+        64,
+        "[{}] --fence with -s is a usage error: {}",
+        b.kind,
+        stderr(&out)
+    );
+}
+
 /// `--int N` is the gem's `with_advisory_lock(N)`: a raw SQL lock on the key
 /// the gem computes for N (PostgreSQL: `N & 0x7fffffff, prefix`; MySQL: the
 /// decimal string) is refused while a CLI holder has `--int N`, and taken
@@ -2044,6 +2086,7 @@ backend_tests! {
         leftovers_stopped_before_release,
         verbose_repeats_the_waiting_line,
         conflict_exit_0_is_silent,
+        fence_is_exported,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
