@@ -52,6 +52,7 @@ Examples:
   dbmutex status nightly-report
   dbmutex list --json
   dbmutex key nightly-report
+  dbmutex init                                       create the fencing table
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
   dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
@@ -131,6 +132,14 @@ pub enum Command {
     List(ListArgs),
     /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for names of 65 to 192 bytes).
     Key(KeyArgs),
+    /// Create the table that issues fencing tokens (run --fence) and print the grants an application role then needs.
+    #[command(after_help = "For deployments whose application role may not create tables \
+                            (PostgreSQL 15 lets no ordinary role create in schema public): run once as \
+                            a role that may. PostgreSQL creates dbmutex_fence in the first schema of the \
+                            search_path, MySQL/MariaDB in the URL's database. Roles that may create it \
+                            need no init: the table is created on first use. The local backend has \
+                            nothing to create.")]
+    Init,
     /// Print the shell completion script for SHELL to stdout.
     #[command(after_help = "Examples:\n  \
                             dbmutex completions bash > /etc/bash_completion.d/dbmutex\n  \

@@ -1536,6 +1536,28 @@ fn status_json_errors(b: &Backend) {
     assert_eq!(v["error"]["exit"], 64, "{v}");
 }
 
+/// `dbmutex init` creates the fencing table (or says the local backend
+/// needs none) and prints the grants an application role needs.
+fn init_prepares_fencing(b: &Backend) {
+    let out = b.run(&["init"]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    if b.url.is_none() {
+        assert!(text.contains("nothing to create"), "{text}");
+        return;
+    }
+    assert!(
+        text.contains("GRANT SELECT, INSERT, UPDATE ON"),
+        "[{}] {text}",
+        b.kind
+    );
+    let columns = match b.kind {
+        "postgres" => "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'dbmutex_fence' AND table_schema = current_schema()",
+        _ => "SELECT group_concat(column_name ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'dbmutex_fence' AND table_schema = database()",
+    };
+    assert_eq!(b.sql(columns), "lock_key,token", "[{}]", b.kind);
+}
+
 /// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
 /// exports `DBMUTEX_LOCK_NAME`, and an inherited `DBMUTEX_FENCE` does not
 /// reach an unfenced command.
@@ -2087,6 +2109,7 @@ backend_tests! {
         verbose_repeats_the_waiting_line,
         conflict_exit_0_is_silent,
         fence_is_exported,
+        init_prepares_fencing,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],

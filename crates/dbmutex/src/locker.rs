@@ -242,6 +242,15 @@ impl Locker {
         self.engine.list().await
     }
 
+    /// Creates the table that issues fencing tokens
+    /// ([`LockOptions::fenced`]; see [`crate::fence`]) if it is missing:
+    /// for deployments whose application role may not create tables, run
+    /// once by a role that may (`dbmutex init` does). The local backend
+    /// has nothing to create.
+    pub async fn create_fence_table(&self) -> Result<()> {
+        self.engine.create_fence_table().await
+    }
+
     /// The database key `name` maps to on this locker's backend and prefix.
     pub fn key_of(&self, name: impl Into<LockName>) -> Result<String> {
         self.engine.key_of(&name.into())

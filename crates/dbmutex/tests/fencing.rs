@@ -343,3 +343,110 @@ async fn cancelled_fenced_acquires_leave_nothing_held() {
         cancelled_fenced_acquire_leaves_nothing(b).await;
     }
 }
+
+/// Least privilege on PostgreSQL: a role that may not create the table is
+/// told to run `dbmutex init` (and left holding nothing); once a role that
+/// may has created it (`Locker::create_fence_table`, what `dbmutex init`
+/// runs) and granted SELECT, INSERT, UPDATE as documented, it gets tokens.
+#[tokio::test]
+async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
+    let schema = resource_table();
+    let role = format!("{schema}_app");
+    let raw = pg_raw().await;
+    raw.batch_execute(&format!(
+        "CREATE SCHEMA {schema}; CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}"
+    ))
+    .await
+    .unwrap();
+    let url_as = |user: &str| {
+        let rest = pg_url().split_once('@').unwrap().1.to_owned();
+        let sep = if rest.contains('?') { '&' } else { '?' };
+        format!("postgres://{user}@{rest}{sep}options=-csearch_path%3D{schema}")
+    };
+    let app = Backend::Postgres.connect(Locker::builder(&url_as(&role))).await;
+    let name = unique("fence-priv");
+    let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("cannot create") && m.contains("dbmutex init")),
+        "{err:?}"
+    );
+    assert!(common::free_for(&Backend::Postgres.locker().await, &name).await);
+
+    let admin = pg_in_schema(&schema).await;
+    admin.create_fence_table().await.unwrap();
+    admin
+        .create_fence_table()
+        .await
+        .expect("again: already there is fine");
+    let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("write")),
+        "without grants: {err:?}"
+    );
+    raw.batch_execute(&format!(
+        "GRANT SELECT, INSERT, UPDATE ON {schema}.dbmutex_fence TO {role}"
+    ))
+    .await
+    .unwrap();
+    let (g, t) = fence_of(&app, &name).await;
+    assert_eq!(t, 1);
+    g.release().await.unwrap();
+    drop((app, admin));
+    raw.batch_execute(&format!(
+        "DROP SCHEMA {schema} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}"
+    ))
+    .await
+    .unwrap();
+}
+
+/// The same on MySQL/MariaDB, with a user that has only the documented
+/// grants on the table.
+#[tokio::test]
+async fn mysql_least_privilege_needs_init_and_the_documented_grants() {
+    let db = resource_table();
+    let user = format!("u{}", &db[db.len() - 12..]);
+    let mut raw = mysql_raw().await;
+    raw.query_drop(format!("CREATE DATABASE {db}")).await.unwrap();
+    // The application's own table, which lets it use the database.
+    raw.query_drop(format!("CREATE TABLE {db}.app_data (id INT)"))
+        .await
+        .unwrap();
+    raw.query_drop(format!("CREATE USER '{user}'@'%'")).await.unwrap();
+    raw.query_drop(format!("GRANT SELECT ON {db}.app_data TO '{user}'@'%'"))
+        .await
+        .unwrap();
+    let rest = common::mysql_url()
+        .split_once('@')
+        .unwrap()
+        .1
+        .split_once('/')
+        .unwrap()
+        .0
+        .to_owned();
+    let app = Backend::Mysql
+        .connect(Locker::builder(&format!("mysql://{user}@{rest}/{db}")))
+        .await;
+    let name = unique("fence-priv");
+    let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("dbmutex init")),
+        "{err:?}"
+    );
+    assert!(common::free_for(&Backend::Mysql.locker().await, &name).await);
+
+    let admin = Backend::Mysql
+        .connect(Locker::builder(&format!("mysql://root@{rest}/{db}")))
+        .await;
+    admin.create_fence_table().await.unwrap();
+    raw.query_drop(format!(
+        "GRANT SELECT, INSERT, UPDATE ON {db}.dbmutex_fence TO '{user}'@'%'"
+    ))
+    .await
+    .unwrap();
+    let (g, t) = fence_of(&app, &name).await;
+    assert_eq!(t, 1);
+    g.release().await.unwrap();
+    drop((app, admin));
+    raw.query_drop(format!("DROP USER '{user}'@'%'")).await.unwrap();
+    raw.query_drop(format!("DROP DATABASE {db}")).await.unwrap();
+}

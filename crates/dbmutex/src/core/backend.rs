@@ -158,6 +158,13 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         }
     }
 
+    /// Creates what fencing tokens need on the server (the table of
+    /// [`crate::fence`]), for a role that may; the locks' own roles then
+    /// need only the grants. Nothing to create is `Ok`.
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        async { Err(Error::Unsupported("this backend issues no fencing tokens".into())) }
+    }
+
     /// Who holds `key` now.
     fn holders<'a>(
         &'a self,

@@ -30,6 +30,7 @@ pub(crate) trait Engine: Send + Sync {
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
     fn key_of(&self, name: &LockName) -> Result<String>;
+    fn create_fence_table(&self) -> BoxFut<'_, Result<()>>;
 }
 
 /// The pipeline over one backend.
@@ -312,6 +313,10 @@ impl<B: Backend> Engine for Pipeline<B> {
     fn key_of(&self, name: &LockName) -> Result<String> {
         name.validate()?;
         Ok(self.backend.key_text(&self.backend.key(name, &self.settings)?))
+    }
+
+    fn create_fence_table(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.backend.create_fence_table(&self.settings))
     }
 }
 

@@ -225,6 +225,11 @@ impl Backend for LocalBackend {
         }
     }
 
+    /// Fence files appear beside the lock files: nothing to create.
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        std::future::ready(Ok(()))
+    }
+
     fn is_locked<'a>(
         &'a self,
         _name: &'a LockName,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 
+use super::conn::{Connector, RunError};
 use super::errors::db_err;
 use super::lock_conn::{ping_timeout, LockConn};
 use crate::fence::{no_table_help, MYSQL_TABLE};
@@ -26,6 +27,8 @@ const NO_SUCH_TABLE: u16 = 1146;
 const DENIED: [u16; 2] = [1142, 1044];
 /// `ER_NO_DB_ERROR`.
 const NO_DATABASE: u16 = 1046;
+const NO_DATABASE_HELP: &str =
+    "fencing tokens need a database in the MySQL URL (mysql://user@host/db): the table dbmutex_fence lives there";
 
 /// The next fencing token of `key`, issued on `lc`, which holds `lock`
 /// (the lock string) for `name`; the table is created on first use.
@@ -71,11 +74,7 @@ pub(super) async fn issue(lc: Arc<LockConn>, key: String, lock: String, name: Lo
                 return Err(Error::Config(no_table_help("write")))
             }
             Ok(Err(e)) if server_code(&e) == Some(NO_DATABASE) => {
-                return Err(Error::Config(
-                    "fencing tokens need a database in the MySQL URL (mysql://user@host/db): the table \
-                     dbmutex_fence lives there"
-                        .into(),
-                ))
+                return Err(Error::Config(NO_DATABASE_HELP.into()))
             }
             Ok(Err(e)) => return Err(db_err(e, &name)),
             Err(_) => {
@@ -97,11 +96,22 @@ pub(super) async fn issue(lc: Arc<LockConn>, key: String, lock: String, name: Lo
 }
 
 async fn create(conn: &mut mysql_async::Conn) -> Result<()> {
-    match conn.query_drop(MYSQL_TABLE).await {
+    conn.query_drop(MYSQL_TABLE).await.map_err(create_err)
+}
+
+/// The table, created on a connection of the locker's own.
+pub(super) async fn create_table(connector: &Connector) -> Result<()> {
+    match connector.run(|c| c.query_drop(MYSQL_TABLE)).await {
         Ok(()) => Ok(()),
-        Err(mysql_async::Error::Server(s)) if DENIED.contains(&s.code) => {
-            Err(Error::Config(no_table_help("create")))
-        }
-        Err(e) => Err(Error::Database(Box::new(e))),
+        Err(RunError::Connect(e)) => Err(e),
+        Err(RunError::Query(e)) => Err(create_err(e)),
+    }
+}
+
+fn create_err(e: mysql_async::Error) -> Error {
+    match e {
+        mysql_async::Error::Server(s) if DENIED.contains(&s.code) => Error::Config(no_table_help("create")),
+        mysql_async::Error::Server(s) if s.code == NO_DATABASE => Error::Config(NO_DATABASE_HELP.into()),
+        e => Error::Database(Box::new(e)),
     }
 }

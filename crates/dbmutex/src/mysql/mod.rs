@@ -379,4 +379,8 @@ impl Backend for MyBackend {
     fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
         introspect::list_with_own(&self.shared, settings)
     }
+
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        fence::create_table(&self.shared.connector)
+    }
 }

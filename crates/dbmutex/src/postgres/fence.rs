@@ -76,7 +76,7 @@ pub(crate) async fn issue(conn: &Arc<PgConn>, key: &str, name: &LockName) -> Res
 /// `CREATE TABLE IF NOT EXISTS`, which two sessions racing may both run:
 /// the loser fails on the catalog's unique index (23505) or finds the
 /// table (42P07); either way the table is there.
-async fn create(conn: &PgConn) -> Result<()> {
+pub(crate) async fn create(conn: &PgConn) -> Result<()> {
     match conn.client.batch_execute(POSTGRES_TABLE).await {
         Ok(()) => Ok(()),
         Err(e)

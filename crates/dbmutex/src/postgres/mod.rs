@@ -344,6 +344,12 @@ impl Backend for PgBackend {
         }
     }
 
+    /// On the side connection (the lock session only runs statements
+    /// that answer at once).
+    fn create_fence_table<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
+        async move { fence::create(&*self.probe(settings).await?).await }
+    }
+
     fn holders<'a>(
         &'a self,
         name: &'a LockName,
