@@ -135,8 +135,8 @@ pub enum Command {
     /// Create the table that issues fencing tokens (run --fence) and print the grants an application role then needs.
     #[command(after_help = "For deployments whose application role may not create tables \
                             (PostgreSQL 15 lets no ordinary role create in schema public): run once as \
-                            a role that may. PostgreSQL creates dbmutex_fence in the first schema of the \
-                            search_path, MySQL/MariaDB in the URL's database. Roles that may create it \
+                            a role that may. PostgreSQL creates dbmutex_fence in the current schema (the \
+                            first existing one of the search_path), MySQL/MariaDB in the URL's database. Roles that may create it \
                             need no init: the table is created on first use. The local backend has \
                             nothing to create.")]
     Init,

@@ -26,8 +26,9 @@
 //!
 //! # Where tokens come from
 //!
-//! - **PostgreSQL**: the table [`POSTGRES_TABLE`] creates, in the first
-//!   schema of the connection's `search_path`, one row per key
+//! - **PostgreSQL**: the table [`POSTGRES_TABLE`] creates, in the
+//!   connection's current schema (the first existing one of its
+//!   `search_path`, `public` by default), one row per key
 //!   ([`Locker::key_of`](crate::Locker::key_of)'s text, prefix included).
 //!   The token is issued by one autocommit statement
 //!   (`INSERT … ON CONFLICT … DO UPDATE SET token = token + 1 RETURNING`)
@@ -73,6 +74,7 @@ pub const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbmutex_fence \
      (lock_key VARBINARY(512) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB";
 
 /// What the library tells a role that may not create or write the table.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn no_table_help(what: &str) -> String {
     format!(
         "fencing tokens need the table dbmutex_fence, and this role cannot {what} it: \

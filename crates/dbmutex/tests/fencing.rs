@@ -293,23 +293,29 @@ async fn shared_and_transaction_locks_are_not_fenced() {
     assert!(!l.is_locked(name.as_str()).await.unwrap());
 }
 
-/// Fenced server-side waits (a dedicated connection) get tokens too, in
-/// lock order behind the holder.
+/// Fenced waits in the server (on a dedicated connection: asked for, or
+/// after the default strategy's first try) get tokens too, in lock order
+/// behind the holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_server_wait_gets_the_next_token() {
-    let name = unique("fence-wait");
-    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
-    let (ga, t) = fence_of(&a, &name).await;
-    let opts = fenced().wait_strategy(dbmutex::WaitStrategy::Server);
-    let waiter = tokio::spawn(async move {
-        let g = b.acquire(name.as_str(), &opts).await.unwrap().unwrap();
-        let t = g.fence().unwrap();
-        g.release().await.unwrap();
-        t
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    ga.release().await.unwrap();
-    assert_eq!(waiter.await.unwrap(), t + 1);
+async fn postgres_server_waits_get_the_next_token() {
+    for strategy in [
+        dbmutex::WaitStrategy::Server,
+        dbmutex::WaitStrategy::TryThenServer,
+    ] {
+        let name = unique("fence-wait");
+        let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+        let (ga, t) = fence_of(&a, &name).await;
+        let opts = fenced().wait_strategy(strategy);
+        let waiter = tokio::spawn(async move {
+            let g = b.acquire(name.as_str(), &opts).await.unwrap().unwrap();
+            let t = g.fence().unwrap();
+            g.release().await.unwrap();
+            t
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ga.release().await.unwrap();
+        assert_eq!(waiter.await.unwrap(), t + 1, "{strategy:?}");
+    }
 }
 
 /// A fenced acquisition cancelled at each of its await points (the fence

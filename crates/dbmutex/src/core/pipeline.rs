@@ -1,6 +1,6 @@
 //! The acquisition pipeline, read top to bottom:
 //! validate → cap → capability check → key → deadline → in-process hold →
-//! admit → try/poll or server wait → guard.
+//! admit → try/poll or server wait → fence (when asked) → guard.
 //!
 //! [`Pipeline`] runs it over any [`Backend`]; [`Engine`] is its object-safe
 //! face, which the [`Locker`](crate::Locker) holds.
