@@ -456,3 +456,38 @@ async fn mysql_least_privilege_needs_init_and_the_documented_grants() {
     raw.query_drop(format!("DROP USER '{user}'@'%'")).await.unwrap();
     raw.query_drop(format!("DROP DATABASE {db}")).await.unwrap();
 }
+
+/// Someone else's transaction holding a token row (an operator's) makes
+/// that fenced acquisition fail within the row wait, leaving its lock free
+/// and the lock session's other locks held: the shared session never
+/// stalls long enough for its keepalive probe to end it.
+#[tokio::test]
+async fn postgres_a_foreign_row_lock_fails_only_that_acquisition() {
+    let l = Backend::Postgres.locker().await;
+    let (held, blocked) = (unique("fence-held"), unique("fence-blocked"));
+    let (g, _) = fence_of(&l, &held).await;
+    let (g2, t) = fence_of(&l, &blocked).await;
+    g2.release().await.unwrap();
+    let mut operator = pg_raw().await;
+    let tx = operator.transaction().await.unwrap();
+    let key = l.key_of(blocked.as_str()).unwrap();
+    tx.execute(
+        "SELECT 1 FROM dbmutex_fence WHERE lock_key = $1 FOR UPDATE",
+        &[&key],
+    )
+    .await
+    .unwrap();
+    let start = std::time::Instant::now();
+    let err = l.acquire(blocked.as_str(), &fenced()).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, Error::Database(_)), "{err:?}");
+    assert!(took < Duration::from_millis(450), "gave up after {took:?}");
+    tx.rollback().await.unwrap();
+    assert!(common::free_for(&Backend::Postgres.locker().await, &blocked).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(g.is_held(), "the session's other lock stays held");
+    let (g2, t2) = fence_of(&l, &blocked).await;
+    assert_eq!(t2, t + 1, "the failed attempt issued nothing");
+    g2.release().await.unwrap();
+    g.release().await.unwrap();
+}

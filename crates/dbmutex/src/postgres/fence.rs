@@ -17,9 +17,22 @@ use crate::{Error, LockName, Result};
 /// One autocommit statement: the next token of `$1`, only on the server
 /// session this connection claimed (`$2`), where the lock is held. No row:
 /// a pooler moved us.
+///
+/// Only a holder of the lock updates its row, so the row lock is free but
+/// for someone else's transaction on the table (an operator's): then the
+/// statement gives up after 250 ms (55P03) rather than stall the
+/// shared lock session, whose keepalive probe would otherwise end it, and
+/// every lock on it. `lock_timeout` is set for this statement's implicit
+/// transaction, in its `WHERE`, which runs before the row is locked.
 const ISSUE: &str = "INSERT INTO dbmutex_fence AS f (lock_key, token) \
      SELECT $1, 1 WHERE current_setting('dbmutex.owner', true) = $2 \
+     AND set_config('lock_timeout', '250ms', true) IS NOT NULL \
      ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1 RETURNING f.token";
+
+/// The longest wait for the row (in [`ISSUE`]): under the keepalive probe's
+/// shortest answer bound (500 ms).
+#[cfg(test)]
+const ROW_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A grant's [`fence`](crate::core::guard::Grant::fence): `lock` is the
 /// grant's lock while it holds it.
@@ -90,5 +103,15 @@ pub(crate) async fn create(conn: &PgConn) -> Result<()> {
             Err(Error::Config(no_table_help("create")))
         }
         Err(e) => Err(Error::Database(Box::new(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_row_wait_is_the_statements() {
+        let ms = super::ROW_WAIT.as_millis();
+        assert!(super::ISSUE.contains(&format!("'lock_timeout', '{ms}ms'")));
+        assert!(ms < 500, "under the keepalive probe's answer bound");
     }
 }
