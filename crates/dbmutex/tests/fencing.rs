@@ -491,3 +491,41 @@ async fn postgres_a_foreign_row_lock_fails_only_that_acquisition() {
     g2.release().await.unwrap();
     g.release().await.unwrap();
 }
+
+/// Token order is lock order under contention: 4 lockers × 2 tasks race
+/// for one name 15 times each (in-process hand-offs, waits in the server,
+/// polling); each holder appends its token while it holds the lock, so the
+/// list is in tenure order, and must be strictly increasing.
+async fn contended_tokens_follow_lock_order(backend: Backend) {
+    let name = unique("fence-order");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let l = backend.locker().await;
+        for _ in 0..2 {
+            let (l, name, seen) = (l.clone(), name.clone(), seen.clone());
+            tasks.spawn(async move {
+                for _ in 0..15 {
+                    let (g, t) = fence_of(&l, &name).await;
+                    seen.lock().unwrap().push(t);
+                    tokio::task::yield_now().await;
+                    g.release().await.unwrap();
+                }
+            });
+        }
+    }
+    tasks.join_all().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 120);
+    assert!(
+        seen.windows(2).all(|w| w[1] > w[0]),
+        "{backend:?}: tokens out of lock order: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_tokens_follow_lock_order_on_every_backend() {
+    for b in [Backend::Postgres, Backend::Mysql, Backend::Local] {
+        contended_tokens_follow_lock_order(b).await;
+    }
+}
