@@ -42,7 +42,12 @@
 //! - **local**: a file beside the lock file, `<lock file>.fence`, holding
 //!   the last token as decimal text, replaced (write a temporary file,
 //!   `fsync`, rename, `fsync` the directory) while the lock is held. Do not
-//!   delete it: tokens would start again at 1.
+//!   delete it: tokens would start again at 1. In the host-wide shared
+//!   directory (mode 1777) the file belongs to the first user who fenced
+//!   the name, and the sticky bit forbids other users to replace it: their
+//!   fenced acquisitions of that name fail with
+//!   [`Error::Io`](crate::Error::Io) (not tested here: the tests run as one
+//!   user). Fence across users in a directory they share by group instead.
 //!
 //! The library creates the table on first use (`CREATE TABLE IF NOT
 //! EXISTS`). A role that may not create tables (PostgreSQL 15 no longer

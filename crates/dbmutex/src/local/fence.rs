@@ -35,13 +35,18 @@ pub(super) fn issue(lock: &Path) -> Result<u64> {
     };
     let next = last + 1;
     let tmp = beside(lock, ".fence.tmp");
-    write_synced(&tmp, &format!("{next}\n"))
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .and_then(|()| match path.parent() {
-            Some(dir) => File::open(dir)?.sync_all(),
-            None => Ok(()),
-        })
-        .map_err(|e| io_error(format!("cannot write fence file {}", path.display()), e))?;
+    let replaced = write_synced(&tmp, &format!("{next}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = replaced {
+        // Not left for the next holder, who may be another user unable to
+        // truncate it (a shared directory).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_error(format!("cannot write fence file {}", path.display()), e));
+    }
+    match path.parent() {
+        Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
+        None => Ok(()),
+    }
+    .map_err(|e| io_error(format!("cannot sync the directory of {}", path.display()), e))?;
     Ok(next)
 }
 
