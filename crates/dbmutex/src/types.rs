@@ -153,7 +153,20 @@ pub struct HeldLock {
     pub mode: Mode,
     /// The backend that holds it.
     pub backend: BackendKind,
+    /// The fencing token it was acquired with
+    /// ([`LockOptions::fenced`](crate::LockOptions::fenced)), else `None`:
+    /// how a scoped call's closure reads its token.
+    pub fence: Option<u64>,
     pub(crate) locker_id: u64,
+}
+
+impl HeldLock {
+    /// The same lock of the same locker (whatever its token): a nested
+    /// scoped call for it is re-entrant.
+    pub(crate) fn is_same_lock(&self, other: &HeldLock) -> bool {
+        (&self.name, self.mode, self.backend, self.locker_id)
+            == (&other.name, other.mode, other.backend, other.locker_id)
+    }
 }
 
 /// The result of a scoped call: the closure's value, or "not acquired".

@@ -558,3 +558,42 @@ async fn postgres_tokens_survive_a_server_crash() {
     assert!(t2 > t, "after the crash {t2} > {t}");
     g2.release().await.unwrap();
 }
+
+/// A scoped call's closure finds its token in `current_locks()`; a nested
+/// fenced call for the same lock shares the outer token, and inside an
+/// unfenced call it is refused (it would run with no token).
+#[tokio::test]
+async fn scoped_calls_show_their_token() {
+    let l = Backend::Local.locker().await;
+    let name = unique("fence-scoped");
+    let token_inside = || async { dbmutex::current_locks().last().and_then(|h| h.fence) };
+    let first = l.with_lock(name.as_str(), &fenced(), token_inside).await.unwrap();
+    let second = l.with_lock(name.as_str(), &fenced(), token_inside).await.unwrap();
+    let (first, second) = (
+        first.acquired().flatten().unwrap(),
+        second.acquired().flatten().unwrap(),
+    );
+    assert!(second > first);
+    let nested = l
+        .with_lock(name.as_str(), &fenced(), || async {
+            let outer = token_inside().await;
+            let inner = l.with_lock(name.as_str(), &fenced(), token_inside).await.unwrap();
+            (outer, inner.acquired().flatten())
+        })
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    assert_eq!(nested.0, nested.1, "the nested call shares the outer token");
+    assert_eq!(nested.0, Some(second + 1));
+    let refused = l
+        .with_lock(name.as_str(), &LockOptions::new(), || async {
+            assert_eq!(token_inside().await, None, "unfenced: no token");
+            l.with_lock(name.as_str(), &fenced(), || async {}).await
+        })
+        .await
+        .unwrap()
+        .acquired()
+        .unwrap();
+    assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+}
