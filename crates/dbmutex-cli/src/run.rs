@@ -94,8 +94,9 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         }
         return Ok(args.conflict_exit_code);
     };
+    let fence = guard.fence().map(|t| format!(", fence {t}")).unwrap_or_default();
     say.detail(format_args!(
-        "acquired lock {name} ({}) on {} after {}",
+        "acquired lock {name} ({}{fence}) on {} after {}",
         mode.as_str(),
         target.describe(),
         secs(start.elapsed())

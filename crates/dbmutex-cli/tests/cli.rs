@@ -1575,6 +1575,13 @@ fn fence_is_exported(b: &Backend) {
             .unwrap_or_else(|_| panic!("[{}] DBMUTEX_FENCE is not a token: {text:?}", b.kind))
     };
     let (first, second) = (fenced(), fenced());
+    let out = b.run(&["run", "-v", "--fence", &name, "--", "true"]);
+    assert!(
+        stderr(&out).contains(&format!("(exclusive, fence {})", second + 1)),
+        "[{}] -v names the token: {}",
+        b.kind,
+        stderr(&out)
+    );
     assert!(
         second > first,
         "[{}] second run's token {second} > first's {first}",
