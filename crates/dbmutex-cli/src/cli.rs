@@ -32,6 +32,8 @@ Exit status of `dbmutex run`:
   70             the lock was lost while the command ran (its process group got
                  SIGTERM, then SIGKILL after --kill-after)
   78             --require-database and no database URL; the command did not run
+  124            the command held the lock past --max-hold (its process group got
+                 SIGTERM, then SIGKILL after --kill-after; then the lock was released)
   126, 127       the command could not be executed / was not found (as env(1))
   128+N          dbmutex got signal N while waiting; the command did not run
 `dbmutex status` exits 0 when the lock is free and 1 when it is held (errors:
@@ -55,6 +57,7 @@ Examples:
   dbmutex init                                       create the fencing table
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
   dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
+  dbmutex run --max-hold 3600 backup -- ./backup.sh  stopped if still running after 1 h
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
   dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
 
@@ -228,6 +231,11 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub kill_after: Duration,
+
+    /// Stop the command (as when the lock is lost) and exit 124 if it still
+    /// holds the lock after SECONDS, so a hung job cannot hold it for ever
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub max_hold: Option<Duration>,
 
     /// Run SHELL COMMAND with $SHELL -c (else /bin/sh -c).
     #[arg(

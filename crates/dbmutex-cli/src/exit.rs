@@ -19,6 +19,9 @@ pub const IO_ERROR: u8 = 74;
 pub const CONFIG: u8 = 78;
 /// Default for "not acquired" (`-n` conflict, `-w` timeout).
 pub const NOT_ACQUIRED: u8 = 75;
+/// The command held the lock past `--max-hold` and was stopped (as
+/// timeout(1) exits when its command times out).
+pub const MAX_HOLD: u8 = 124;
 /// The command was found but could not be executed (as env(1) and shells).
 pub const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as env(1) and shells).
@@ -84,6 +87,7 @@ impl From<dbmutex::Error> for Failure {
             Error::Config(_) => (USAGE, "config"),
             Error::Unsupported(_) => (USAGE, "unsupported"),
             Error::LockLost { .. } => (LOCK_LOST, "lock_lost"),
+            Error::MaxHoldExceeded { .. } => (MAX_HOLD, "max_hold"),
             Error::Connect(_) => (UNAVAILABLE, "connect"),
             Error::Io(_) => (UNAVAILABLE, "lock_file"),
             // Database, Deadlock, LockTableFull, TooManyLocks, and whatever

@@ -49,10 +49,13 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         LockName::Int(n) => n.to_string(),
         _ => shown(&args.name),
     };
-    let opts = LockOptions::new()
+    let mut opts = LockOptions::new()
         .mode(mode)
         .transaction(args.transaction)
         .fenced(args.fence);
+    if let Some(d) = args.max_hold {
+        opts = opts.max_hold(d);
+    }
     let wait = args.wait();
     // A busy lock is news unless -q, or -E 0 (not acquired = nothing to
     // report) without -v.
@@ -276,6 +279,8 @@ enum Ended {
     Exited(u8),
     /// The lock was lost; the command was stopped.
     Lost,
+    /// The command held the lock past --max-hold; it was stopped.
+    MaxHold,
 }
 
 /// How often dbmutex checks whether the command's group is empty while it
@@ -326,12 +331,21 @@ impl Tree {
                 status = self.child.wait() => break wait_result(status)?,
                 sig = signals.recv() => tree::signal_group(self.pgid, sig),
                 () = &mut lost => {
-                    say.error(format_args!(
-                        "lock {name} was lost (its database connection is gone); \
-                         stopping the command's process group with SIGTERM"
-                    ));
+                    let over = guard.max_hold_exceeded() && guard.is_held();
+                    if over {
+                        say.error(format_args!(
+                            "the command held lock {name} past --max-hold ({}); \
+                             stopping the command's process group with SIGTERM",
+                            secs(guard.held_for())
+                        ));
+                    } else {
+                        say.error(format_args!(
+                            "lock {name} was lost (its database connection is gone); \
+                             stopping the command's process group with SIGTERM"
+                        ));
+                    }
                     self.stop(false, signals, kill_after, say).await?;
-                    return Ok(Ended::Lost);
+                    return Ok(if over { Ended::MaxHold } else { Ended::Lost });
                 }
                 sig = stopped(&mut self.sigchld, self.pgid) => self.on_stop(sig),
             }
@@ -463,6 +477,8 @@ async fn finish(
     let released = release(guard).await;
     let code = match ended? {
         Ended::Lost => return Ok(exit::LOCK_LOST),
+        // Stopped with the lock still held: it is released like any other.
+        Ended::MaxHold => return Ok(exit::MAX_HOLD),
         Ended::Exited(code) => code,
     };
     match released {

@@ -1199,6 +1199,36 @@ fn lock_loss_stops_command_exit_70(b: &Backend) {
     assert!(stderr(&out).contains("SIGKILL"), "{}", stderr(&out));
 }
 
+/// --max-hold: a command still running past it is stopped like a lost
+/// lock's (SIGTERM, then SIGKILL after --kill-after), dbmutex exits 124 and
+/// the lock is free; a command that ends in time is not touched.
+fn max_hold_stops_the_command_exit_124(b: &Backend) {
+    let name = b.name("max-hold");
+    let (mut p, got) = b.hold_until_term(&name, &["--max-hold", "0.5"], 0);
+    let out = p.finish();
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(got.exists(), "the command did not get SIGTERM");
+    assert!(stderr(&out).contains("--max-hold"), "{}", stderr(&out));
+    b.assert_free(&name);
+
+    let name = b.name("max-hold-kill");
+    let mut p = b.hold_with(
+        &name,
+        &["--max-hold", "0.3", "--kill-after", "0.3"],
+        "trap '' TERM;",
+        "exec sleep 30",
+    );
+    let start = Instant::now();
+    let out = p.finish();
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(stderr(&out).contains("SIGKILL"), "{}", stderr(&out));
+    assert!(start.elapsed() < Duration::from_secs(10), "{:?}", start.elapsed());
+    b.assert_free(&name);
+
+    let out = b.run(&["run", "--max-hold", "30", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
 /// Lock loss stops the whole tree, grandchildren included, before dbmutex
 /// exits 70; a grandchild that ignores SIGTERM gets SIGKILL after
 /// --kill-after. Bound: the backend's loss detection plus --kill-after.
@@ -2117,6 +2147,7 @@ backend_tests! {
         conflict_exit_0_is_silent,
         fence_is_exported,
         init_prepares_fencing,
+        max_hold_stops_the_command_exit_124,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],

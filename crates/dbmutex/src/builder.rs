@@ -93,6 +93,7 @@ impl LockerBuilder {
                 name_comments: true,
                 max_server_waits: DEFAULT_MAX_SERVER_WAITS,
                 skip_pooler_check: false,
+                metrics_name_label: false,
             },
         }
     }
@@ -181,6 +182,17 @@ impl LockerBuilder {
     /// local backend always polls). `0` makes every wait poll.
     pub fn max_server_waits(mut self, n: usize) -> Self {
         self.settings.max_server_waits = n;
+        self
+    }
+
+    /// Whether metrics carry the lock's name as a `name` label (default
+    /// `false`; crate docs, "Metrics"). Every distinct name then makes
+    /// series of its own in the recorder, kept for the life of the process:
+    /// turn it on only for a small, fixed set of names, never for names
+    /// made from ids (one per user, per job...). Without the `metrics`
+    /// feature it has no effect.
+    pub fn metrics_name_label(mut self, on: bool) -> Self {
+        self.settings.metrics_name_label = on;
         self
     }
 

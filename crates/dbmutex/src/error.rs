@@ -55,6 +55,16 @@ pub enum Error {
         /// The lock's name.
         name: String,
     },
+    /// The lock was held longer than its
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold) (from a scoped
+    /// call, which then stopped its closure and released the lock).
+    #[error("lock {name:?} was held past its max_hold of {max_hold:?}")]
+    MaxHoldExceeded {
+        /// The lock's name.
+        name: String,
+        /// The limit.
+        max_hold: Duration,
+    },
     /// The locker already holds as many locks as its configured cap allows.
     #[error("this locker already holds {limit} locks, its cap (see LockerBuilder::max_locks)")]
     TooManyLocks {

@@ -106,7 +106,9 @@ impl Locker {
     ///   [`current_locks`](crate::current_locks) (`.last()`'s
     ///   [`HeldLock::fence`]).
     /// - If the lock is lost while `f` runs, `f` is dropped at its next await
-    ///   point and the call returns [`Error::LockLost`].
+    ///   point and the call returns [`Error::LockLost`]; past
+    ///   [`LockOptions::max_hold`], the same, then the lock is released and
+    ///   the call returns [`Error::MaxHoldExceeded`].
     /// - An error value from `f` is just a value: the lock is released and the
     ///   value returned. A panic in `f` releases the lock and propagates.
     ///
@@ -163,6 +165,17 @@ impl Locker {
                     tracing::warn!(error = %e, "dbmutex: unlock after a scoped call failed");
                 }
                 Ok(Outcome::Acquired(v))
+            }
+            None if guard.max_hold_exceeded() && guard.is_held() => {
+                let name = guard.name().to_string();
+                tracing::warn!(name = %name, "dbmutex: scoped call held its lock past max_hold; the work was stopped");
+                if let Err(e) = guard.release().await {
+                    tracing::warn!(error = %e, "dbmutex: unlock after max_hold failed");
+                }
+                Err(Error::MaxHoldExceeded {
+                    name,
+                    max_hold: opts.max_hold.unwrap_or_default(),
+                })
             }
             None => {
                 let name = guard.name().to_string();

@@ -80,6 +80,7 @@ pub struct LockOptions {
     pub(crate) strategy: WaitStrategy,
     pub(crate) max_backoff: Duration,
     pub(crate) fenced: bool,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -91,6 +92,7 @@ impl Default for LockOptions {
             strategy: WaitStrategy::TryThenServer,
             max_backoff: Duration::from_millis(100),
             fenced: false,
+            max_hold: None,
         }
     }
 }
@@ -177,6 +179,33 @@ impl LockOptions {
     /// Whether a fencing token is issued with the lock.
     pub fn is_fenced(&self) -> bool {
         self.fenced
+    }
+
+    /// The longest the lock may be held (default: no limit). Past it the
+    /// guard reports the hold as over, as it reports a loss:
+    /// [`LockGuard::lost`](crate::LockGuard::lost) completes,
+    /// [`LockGuard::max_hold_exceeded`](crate::LockGuard::max_hold_exceeded)
+    /// turns true, and a scoped call ([`Locker::with_lock`](crate::Locker::with_lock))
+    /// stops its closure at the next await point, releases the lock and
+    /// returns [`Error::MaxHoldExceeded`](crate::Error::MaxHoldExceeded). A
+    /// guard you hold yourself keeps the lock until you release or drop it:
+    /// the limit is reported, never enforced behind your back. The CLI's
+    /// `--max-hold` stops the command's process tree.
+    ///
+    /// ```
+    /// use dbmutex::LockOptions;
+    /// use std::time::Duration;
+    /// let opts = LockOptions::new().max_hold(Duration::from_secs(3600));
+    /// assert_eq!(opts.get_max_hold(), Some(Duration::from_secs(3600)));
+    /// ```
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = Some(d);
+        self
+    }
+
+    /// The hold limit, if any.
+    pub fn get_max_hold(&self) -> Option<Duration> {
+        self.max_hold
     }
 
     /// The wait bound: `None` = forever.

@@ -20,4 +20,7 @@ pub(crate) struct Settings {
     /// Tests only: skip the connect-time pooler check, so the per-statement
     /// session checks meet a pooler alone.
     pub(crate) skip_pooler_check: bool,
+    /// Metrics carry a `name` label (feature `metrics`; off by default:
+    /// one series per lock name).
+    pub(crate) metrics_name_label: bool,
 }

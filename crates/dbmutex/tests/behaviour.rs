@@ -664,6 +664,117 @@ async fn drop_does_not_wait_for_a_silent_server(b: Backend) {
     drop(a);
 }
 
+/// `max_hold`: a guard reports the hold as over (as it reports a loss) and
+/// keeps the lock until released; a scoped call stops its closure, releases
+/// and returns `MaxHoldExceeded`.
+async fn max_hold_is_reported_and_ends_scoped_calls(b: Backend) {
+    let (a, other) = (b.locker().await, b.locker().await);
+    let name = unique("max-hold");
+    let limit = Duration::from_millis(300);
+    let opts = LockOptions::new().max_hold(limit);
+    let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free");
+    assert!(!g.max_hold_exceeded());
+    let t = Instant::now();
+    tokio::time::timeout(SETTLE, g.lost())
+        .await
+        .expect("reported within the bound");
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(250), "reported early: {took:?}");
+    assert!(g.max_hold_exceeded() && g.is_held(), "reported, not enforced");
+    assert!(
+        other.try_lock(name.as_str()).await.unwrap().is_none(),
+        "still held"
+    );
+    g.release().await.unwrap();
+    assert!(free_for(&other, &name).await);
+
+    let stopped = Arc::new(AtomicBool::new(true));
+    let s2 = stopped.clone();
+    let t = Instant::now();
+    let r = a
+        .with_lock(name.as_str(), &opts, || async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            s2.store(false, Ordering::SeqCst);
+        })
+        .await;
+    let took = t.elapsed();
+    match r {
+        Err(Error::MaxHoldExceeded { max_hold, .. }) => assert_eq!(max_hold, limit),
+        other => panic!("expected MaxHoldExceeded, got {other:?}"),
+    }
+    assert!(
+        stopped.load(Ordering::SeqCst) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    assert!(free_for(&other, &name).await, "released after max_hold");
+
+    // Within the limit nothing is reported.
+    let out = a.with_lock(name.as_str(), &opts, || async { 7 }).await.unwrap();
+    assert_eq!(out, Outcome::Acquired(7));
+}
+
+/// Slots: at most N holders of a name at once, across sessions; a slot
+/// never excludes the plain lock of the same name; a freed slot is taken by
+/// a waiter.
+async fn slots_admit_at_most_n_holders(b: Backend) {
+    let name = unique("slots");
+    let lockers = [
+        b.locker().await,
+        b.locker().await,
+        b.locker().await,
+        b.locker().await,
+    ];
+    let once = LockOptions::try_once();
+    let mut held = Vec::new();
+    for l in &lockers[..3] {
+        held.push(
+            l.acquire_slot(name.as_str(), 3, &once)
+                .await
+                .unwrap()
+                .expect("a free slot"),
+        );
+    }
+    let mut taken: Vec<u32> = held.iter().map(|s| s.slot()).collect();
+    taken.sort_unstable();
+    assert_eq!(taken, [0, 1, 2], "each holder its own slot");
+    assert!(
+        lockers[3]
+            .acquire_slot(name.as_str(), 3, &once)
+            .await
+            .unwrap()
+            .is_none(),
+        "a 4th holder"
+    );
+    // The plain lock of the same name is another lock.
+    let plain = lockers[3]
+        .try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("plain lock free");
+    plain.release().await.unwrap();
+
+    let waiter = {
+        let (l, n) = (lockers[3].clone(), name.clone());
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .timeout(SETTLE)
+                .max_backoff(Duration::from_millis(20));
+            l.acquire_slot(n.as_str(), 3, &opts).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a 4th holder while 3 hold");
+    let freed = held.remove(1);
+    let slot = freed.slot();
+    freed.release().await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("the freed slot");
+    assert_eq!(got.slot(), slot);
+    assert!(matches!(
+        lockers[0].acquire_slot(name.as_str(), 0, &once).await,
+        Err(Error::Config(_))
+    ));
+}
+
 for_each_backend! {
     [
         exclusive_excludes_another_session,
@@ -683,6 +794,8 @@ for_each_backend! {
         introspection,
         bad_names_are_typed_errors,
         cap_on_held_locks,
+        max_hold_is_reported_and_ends_scoped_calls,
+        slots_admit_at_most_n_holders,
     ]
     postgres: [
         lost_connection_is_reported,

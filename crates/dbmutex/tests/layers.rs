@@ -292,7 +292,7 @@ fn layer(p: &ModPath) -> &'static str {
         None => "root",
         Some("error" | "options" | "types" | "settings" | "key" | "redact" | "fence") => "ground",
         Some("core") => "core",
-        Some("locker" | "builder") => "facade",
+        Some("locker" | "builder" | "slots") => "facade",
         Some(_) => "backend",
     }
 }

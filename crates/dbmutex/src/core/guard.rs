@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::loss::LossToken;
+use super::metrics::{Hold, Labels};
 use crate::{LockName, Mode, Result};
 
 /// A boxed, sendable future.
@@ -62,6 +63,10 @@ pub struct LockGuard {
     /// Marked released when the guard lets go of the lock, so that closing
     /// its connection afterwards is not reported as a loss.
     loss: LossToken,
+    /// The hold's metrics (nothing without the `metrics` feature).
+    metrics: Hold,
+    /// When the hold passes its `max_hold`.
+    max_hold_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -81,15 +86,21 @@ impl LockGuard {
         mode: Mode,
         fence: Option<u64>,
         count: Arc<AtomicUsize>,
+        labels: Labels,
+        max_hold: Option<Duration>,
     ) -> Self {
+        let loss = grant.loss();
+        let max_hold_at = max_hold.and_then(|d| tokio::time::Instant::now().checked_add(d));
         LockGuard {
             fence,
-            loss: grant.loss(),
+            metrics: Hold::start(labels, &loss),
+            loss,
             grant: Some(grant),
             name,
             mode,
             acquired_at: Instant::now(),
             count,
+            max_hold_at,
         }
     }
 
@@ -124,15 +135,36 @@ impl LockGuard {
         !self.loss.is_released() && !self.loss.is_lost()
     }
 
-    /// Completes when the lock is lost while this guard holds it. Never
-    /// completes for a lock that cannot be lost (local backend), nor once
-    /// the guard has released it (or been dropped).
+    /// Completes when the lock is lost while this guard holds it, or when
+    /// the hold passes its [`LockOptions::max_hold`](crate::LockOptions::max_hold)
+    /// ([`LockGuard::max_hold_exceeded`] tells which). Never completes for a
+    /// lock that cannot be lost (local backend) and has no `max_hold`, nor
+    /// once the guard has released it (or been dropped).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: the future only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.loss.lost()
+        let lost = self.loss.lost();
+        let at = self.max_hold_at;
+        async move {
+            match at {
+                Some(at) => tokio::select! {
+                    () = lost => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                None => lost.await,
+            }
+        }
+    }
+
+    /// True once the hold has lasted longer than its
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold). The lock is
+    /// still held (until released or dropped): the limit is reported, not
+    /// enforced.
+    pub fn max_hold_exceeded(&self) -> bool {
+        self.max_hold_at
+            .is_some_and(|at| tokio::time::Instant::now() >= at)
     }
 
     /// Releases the lock now and reports the server's answer.
@@ -146,6 +178,7 @@ impl LockGuard {
     /// happens in the background.
     pub async fn release(mut self) -> Result<()> {
         let grant = self.grant.take().expect("guard holds until released");
+        self.metrics.end(self.loss.is_lost());
         self.loss.mark_released();
         self.count.fetch_sub(1, Ordering::Relaxed);
         let hold_time = self.acquired_at.elapsed();
@@ -167,6 +200,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(grant) = self.grant.take() {
+            self.metrics.end(self.loss.is_lost());
             self.loss.mark_released();
             self.count.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released on drop");

@@ -39,6 +39,12 @@ impl LossToken {
         self.session.as_ref().is_some_and(|rx| *rx.borrow())
     }
 
+    /// Whether the lock can be lost at all (false: local backend).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn can_be_lost(&self) -> bool {
+        self.session.is_some()
+    }
+
     /// The holder let go: from now on nothing is a loss.
     pub(crate) fn mark_released(&self) {
         self.released.store(true, Ordering::SeqCst);

@@ -15,6 +15,7 @@ pub(crate) mod detach;
 pub(crate) mod guard;
 pub(crate) mod idle;
 pub(crate) mod loss;
+pub(crate) mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
 pub(crate) mod scope;

@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::backend::{Attempt, Backend, Missing, WaitIn};
 use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
 use super::loss::LossToken;
+use super::metrics::{Attempt as Measured, Labels, Outcome};
 use super::wait::{self, Backoff};
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -64,6 +65,25 @@ impl<B: Backend> Pipeline<B> {
     /// future (or by a backend task that undoes what nobody takes over), so
     /// dropping it at any await point leaves nothing held.
     async fn acquire(&self, name: LockName, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        // Recorded once however it ends (dropped mid-way: `cancelled`).
+        let labels = Labels::new(
+            self.backend.kind(),
+            opts.mode,
+            &name,
+            self.settings.metrics_name_label,
+        );
+        let measured = Measured::start(labels.clone());
+        let r = self.acquire_inner(name, opts, labels).await;
+        measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
+        r
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: LockName,
+        opts: &LockOptions,
+        labels: Labels,
+    ) -> Result<Option<LockGuard>> {
         name.validate()?;
         // The cap, reserved before the first await and atomically, so
         // concurrent acquirers never pass it together.
@@ -110,6 +130,8 @@ impl<B: Backend> Pipeline<B> {
                     opts.mode,
                     fence,
                     self.count.clone(),
+                    labels,
+                    opts.max_hold,
                 )))
             }
             None if opts.is_try_once() => {

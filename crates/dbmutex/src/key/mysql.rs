@@ -87,6 +87,11 @@ pub fn mysql_lock_string_for(
     flavour: MysqlFlavour,
 ) -> Result<String, Error> {
     let full = format!("{}{}", prefix.text(), text_of(name)?);
+    if let LockName::Slot(s, _) = name {
+        // Always mapped: the servers end a lock string at a NUL byte, so
+        // the head is the name's and only the hash covers the slot.
+        return Ok(mysql_mapped_as(&format!("{}{s}", prefix.text()), &full));
+    }
     if flavour.accepts(&full) {
         return Ok(full);
     }
@@ -95,6 +100,12 @@ pub fn mysql_lock_string_for(
 
 /// The mapped form of a lock string no server would take.
 fn mysql_mapped(full: &str) -> String {
+    mysql_mapped_as(full, full)
+}
+
+/// The head of `shown`, `#`, and 16 hex digits of SHA-256(`hashed`).
+fn mysql_mapped_as(shown: &str, hashed: &str) -> String {
+    let full = shown;
     // 47 characters, fewer if they would pass 175 bytes: with '#' and 16
     // hex digits the result fits both 64 characters and 192 bytes.
     let mut head = String::new();
@@ -104,7 +115,7 @@ fn mysql_mapped(full: &str) -> String {
         }
         head.push(c);
     }
-    format!("{head}#{}", sha256_hex(full.as_bytes(), 16))
+    format!("{head}#{}", sha256_hex(hashed.as_bytes(), 16))
 }
 
 /// Whether `lock` has the shape of a mapped lock string: a head of 47
@@ -158,6 +169,31 @@ pub(crate) fn mysql_name_of(key: &str, prefix: &Prefix) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn slot_strings_carry_no_nul_and_differ() {
+        let p = Prefix::none();
+        let mut seen = Vec::new();
+        for name in ["r", &"n".repeat(200)] {
+            for i in 0..3 {
+                for f in [MysqlFlavour::Mysql, MysqlFlavour::MariaDb] {
+                    let s = mysql_lock_string_for(&LockName::Slot(name.into(), i), &p, f).unwrap();
+                    assert!(!s.contains('\0') && s.chars().count() <= 64, "{s:?}");
+                    assert_ne!(s, mysql_lock_string_for(&name.into(), &p, f).unwrap());
+                    seen.push((name.len(), i, s));
+                }
+            }
+        }
+        for a in &seen {
+            assert!(
+                seen.iter()
+                    .filter(|b| b.2 == a.2)
+                    .all(|b| (b.0, b.1) == (a.0, a.1)),
+                "{a:?}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

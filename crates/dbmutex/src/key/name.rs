@@ -29,6 +29,11 @@ pub enum LockName {
     RawI64(i64),
     /// A raw PostgreSQL `(int4, int4)` key (`pg_advisory_lock(int, int)`).
     RawPair(i32, i32),
+    /// Slot `i` of the counting semaphore named by the string (see
+    /// [`Locker::acquire_slot`](crate::Locker::acquire_slot)). Its key is
+    /// disjoint from every string and integer name's (the key contract in
+    /// the crate docs, "Slots").
+    Slot(String, u32),
 }
 
 impl LockName {
@@ -46,7 +51,7 @@ impl LockName {
     /// Checks that the name can name a lock: not empty, no NUL byte, at most
     /// [`MAX_NAME_BYTES`] bytes.
     pub fn validate(&self) -> Result<(), Error> {
-        if let LockName::Str(s) = self {
+        if let LockName::Str(s) | LockName::Slot(s, _) = self {
             if s.is_empty() {
                 return Err(Error::InvalidName("the lock name is empty".into()));
             }
@@ -71,6 +76,7 @@ impl fmt::Display for LockName {
             LockName::Int(n) => write!(f, "{n}"),
             LockName::RawI64(k) => write!(f, "raw:{k}"),
             LockName::RawPair(a, b) => write!(f, "raw:{a}:{b}"),
+            LockName::Slot(s, i) => write!(f, "{s} [slot {i}]"),
         }
     }
 }
@@ -207,6 +213,8 @@ pub(super) fn text_of(name: &LockName) -> Result<String, Error> {
     match name {
         LockName::Str(s) => Ok(s.clone()),
         LockName::Int(n) => Ok(n.to_string()),
+        // A NUL byte, which no string name has: no string name's text.
+        LockName::Slot(s, i) => Ok(format!("{s}\0slot {i}")),
         LockName::RawI64(_) | LockName::RawPair(..) => Err(Error::Unsupported(
             "raw PostgreSQL keys name locks on PostgreSQL only; use a string or integer name".into(),
         )),

@@ -79,6 +79,11 @@ pub fn pg_key(name: &LockName, prefix: &Prefix) -> PgKey {
         LockName::Int(n) => PgKey::Pair((*n & 0x7fff_ffff) as i32, prefix.pg_k2()),
         LockName::RawI64(k) => PgKey::Big(*k),
         LockName::RawPair(a, b) => PgKey::Pair(*a, *b),
+        // The second half negative: string and integer names' is the
+        // prefix's, never negative.
+        LockName::Slot(s, i) => {
+            PgKey::Pair(gem_hash(format!("{s}\0slot {i}").as_bytes()), -1 - prefix.pg_k2())
+        }
     }
 }
 
@@ -122,6 +127,27 @@ pub(crate) fn name_from_comments(query: &str, key: &PgKey, prefix: &Prefix) -> O
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn slot_keys_are_disjoint_from_names() {
+        for prefix in [Prefix::none(), Prefix::new("42")] {
+            let plain = pg_key(&"render".into(), &prefix);
+            let PgKey::Pair(_, k2) = plain else { panic!("pair") };
+            assert!(k2 >= 0);
+            let slots: Vec<_> = (0..3)
+                .map(|i| pg_key(&LockName::Slot("render".into(), i), &prefix))
+                .collect();
+            for (i, k) in slots.iter().enumerate() {
+                let PgKey::Pair(_, k2) = *k else { panic!("pair") };
+                assert!(k2 < 0, "slot {i} k2 {k2}");
+                assert!(
+                    slots[i + 1..].iter().all(|o| o != k),
+                    "slots {i} and later collide"
+                );
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

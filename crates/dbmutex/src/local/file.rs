@@ -81,7 +81,7 @@ impl LockFile {
     }
 
     /// Opens an existing file for a probe; `None` when there is none.
-    fn open_existing(path: &Path) -> Result<Option<LockFile>> {
+    pub(super) fn open_existing(path: &Path) -> Result<Option<LockFile>> {
         match read_only(path) {
             Ok(file) => Ok(Some(LockFile {
                 file,

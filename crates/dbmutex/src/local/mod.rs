@@ -21,9 +21,13 @@
 //! - **In-process first.** Tasks of one locker queue in process before they
 //!   touch the file, so a release hands the lock to the next task at once.
 //!   Waiters in other processes (or other lockers) poll the file every at
-//!   most 20 ms, whatever [`LockOptions::max_backoff`] says, so a lock freed
-//!   elsewhere is taken within about 20 ms. [`WaitStrategy::Server`](crate::WaitStrategy::Server) behaves
+//!   most 5 ms, whatever [`LockOptions::max_backoff`] says, so a lock freed
+//!   elsewhere is taken within about 5 ms. [`WaitStrategy::Server`](crate::WaitStrategy::Server) behaves
 //!   as polling: there is no server to wait in.
+//! - **Turns between processes.** A waiter marks itself waiting (a shared
+//!   lock on `<lock file>.want`), and a process that asks afresh while
+//!   anyone waits lets the waiters go first (at most 10 ms), so a process
+//!   that releases and asks again at once does not starve the others.
 //! - **Transaction locks** need a database transaction:
 //!   [`LockOptions::transaction`] is [`Error::Unsupported`] here, as are raw
 //!   PostgreSQL keys.
@@ -59,10 +63,10 @@ mod file;
 mod grant;
 mod note;
 mod proc_locks;
+mod turns;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use crate::core::arbiter::Arbiter;
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
@@ -73,10 +77,7 @@ use crate::types::{Holder, ListedLock};
 use crate::{BackendKind, LockName, LockOptions, Mode, Result};
 use file::{blocking, io_error, LockFile};
 use grant::FileGrant;
-
-/// The longest sleep between two looks at a lock file held elsewhere: the
-/// worst-case delay before a waiter notices a release in another process.
-const MAX_POLL: Duration = Duration::from_millis(20);
+use turns::MAX_POLL;
 
 pub(crate) struct LocalBackend {
     dir: PathBuf,
@@ -136,6 +137,8 @@ impl LocalBackend {
 pub(crate) struct Tries {
     req: Arc<Request>,
     spare: Mutex<Option<LockFile>>,
+    /// Where this acquisition stands in the turns between processes.
+    turn: Mutex<turns::Turn>,
 }
 
 impl Backend for LocalBackend {
@@ -191,6 +194,7 @@ impl Backend for LocalBackend {
                 application: at.settings.application_name.clone(),
             }),
             spare: Mutex::new(None),
+            turn: Mutex::new(turns::Turn::new(!at.opts.is_try_once(), &self.dir.join(at.key))),
         }))
     }
 
@@ -206,8 +210,19 @@ impl Backend for LocalBackend {
     ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
             let fd = tries.spare.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let mut turn = std::mem::take(&mut *tries.turn.lock().unwrap_or_else(PoisonError::into_inner));
             let req = tries.req.clone();
-            let file = match blocking(move || attempt(&req, fd)).await? {
+            let (tried, turn) = blocking(move || {
+                if turn.skip()? {
+                    return Ok((Tried::Busy(fd), turn));
+                }
+                let tried = attempt(&req, fd)?;
+                turn.after(matches!(tried, Tried::Locked(_)));
+                Ok((tried, turn))
+            })
+            .await?;
+            *tries.turn.lock().unwrap_or_else(PoisonError::into_inner) = turn;
+            let file = match tried {
                 Tried::Locked(fd) => fd,
                 Tried::Busy(fd) => {
                     *tries.spare.lock().unwrap_or_else(PoisonError::into_inner) = fd;

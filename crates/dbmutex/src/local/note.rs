@@ -20,7 +20,7 @@
 //! (prefix + name) with its length in bytes, so a note read while it is being
 //! written never yields a wrong name.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use jiff::Timestamp;
 
 const MAGIC: &str = "dbmutex-lock 1\n";
 
@@ -35,9 +35,6 @@ pub(crate) struct Note {
 
 /// The note an exclusive holder writes: this process, now.
 pub(crate) fn exclusive(name: &str, application: &str) -> Vec<u8> {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     let application: String = application
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
@@ -45,7 +42,7 @@ pub(crate) fn exclusive(name: &str, application: &str) -> Vec<u8> {
     format!(
         "{MAGIC}pid {}\napplication {application}\nsince {}\n{}",
         std::process::id(),
-        format_utc(since),
+        format_utc(Timestamp::now()),
         name_part(name)
     )
     .into_bytes()
@@ -97,27 +94,10 @@ pub(crate) fn parse(bytes: &[u8]) -> Note {
     note
 }
 
-/// Seconds since the Unix epoch as PostgreSQL prints a UTC `timestamptz`
-/// (`2025-01-02 03:04:05+00`), so both backends' holders read alike.
-fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}+00",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// A time as PostgreSQL prints a UTC `timestamptz` (`2025-01-02
+/// 03:04:05+00`), so both backends' holders read alike.
+fn format_utc(time: Timestamp) -> String {
+    time.strftime("%Y-%m-%d %H:%M:%S+00").to_string()
 }
 
 #[cfg(test)]
@@ -126,10 +106,11 @@ mod tests {
 
     #[test]
     fn utc_vectors() {
-        assert_eq!(format_utc(0), "1970-01-01 00:00:00+00");
-        assert_eq!(format_utc(951_782_400), "2000-02-29 00:00:00+00");
-        assert_eq!(format_utc(1_700_000_000), "2023-11-14 22:13:20+00");
-        assert_eq!(format_utc(4_107_542_399), "2100-02-28 23:59:59+00");
+        let utc = |secs| format_utc(Timestamp::from_second(secs).unwrap());
+        assert_eq!(utc(0), "1970-01-01 00:00:00+00");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00+00");
+        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20+00");
+        assert_eq!(utc(4_107_542_399), "2100-02-28 23:59:59+00");
     }
 
     #[test]

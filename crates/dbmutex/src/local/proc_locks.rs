@@ -20,11 +20,9 @@ pub(crate) fn holders_of(meta: &Metadata) -> Option<Vec<(i64, Mode)>> {
     (!found.is_empty()).then_some(found)
 }
 
-/// `major:minor` in hex as the kernel prints it, from glibc's `dev_t` layout.
+/// `major:minor` in hex as the kernel prints it.
 fn device(dev: u64) -> String {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    format!("{major:02x}:{minor:02x}")
+    format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev))
 }
 
 fn parse(table: &str, device: &str, ino: u64) -> Vec<(i64, Mode)> {

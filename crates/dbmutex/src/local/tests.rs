@@ -1,5 +1,7 @@
 //! Unit tests of the local backend, run through the core's pipeline.
 
+use std::time::Duration;
+
 use super::*;
 use crate::core::pipeline::{Engine, Pipeline};
 use crate::key::Prefix;
@@ -42,6 +44,7 @@ fn settings(prefix: &str) -> Settings {
         name_comments: true,
         max_server_waits: 8,
         skip_pooler_check: false,
+        metrics_name_label: false,
     }
 }
 
@@ -158,7 +161,7 @@ async fn server_strategy_polls_and_backoff_is_capped() {
     drop(held);
     let took = rx.await.unwrap() - released;
     // Another backend (as another process would) notices by polling,
-    // with a 10 s max_backoff capped at 20 ms.
+    // with a 10 s max_backoff capped at 5 ms.
     assert!(took < Duration::from_millis(200), "hand-off took {took:?}");
     drop(waiter.await.unwrap());
 }

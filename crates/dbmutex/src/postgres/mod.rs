@@ -24,7 +24,7 @@
 //! - **Your own connection**: [`lock_xact`] takes a transaction-level lock in
 //!   a `tokio_postgres::Transaction` you own, [`lock_session`] a session lock
 //!   on a `Client` (or a pool object that derefs to one); with the `sqlx`
-//!   feature, [`sqlx`] does both on an sqlx connection.
+//!   feature, the `sqlx` module does both on an sqlx connection.
 //! - **Behind a transaction pooler** (PgBouncer `pool_mode = transaction`),
 //!   which dbmutex detects when it connects, session locks fail with
 //!   [`Error::Unsupported`]; use [`LockOptions::transaction`].
@@ -291,7 +291,7 @@ impl Backend for PgBackend {
                 mode: at.opts.mode,
                 name: at.name.clone(),
                 text: if at.settings.name_comments {
-                    Text::Plain
+                    Text::Simple
                 } else {
                     Text::Prepared
                 },

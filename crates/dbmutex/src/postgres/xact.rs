@@ -10,7 +10,7 @@ use super::conn::PgConn;
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::sql::{self, Call};
 use crate::core::wait;
-use crate::key::{pg_key, PgKey, Prefix};
+use crate::key::{PgKey, Prefix};
 use crate::{Error, LockName, LockOptions, Result, WaitStrategy};
 
 /// `pg_try_advisory_xact_lock*` in the open transaction of `c`, retried
@@ -111,13 +111,6 @@ pub async fn lock_xact(
     prefix: &Prefix,
 ) -> Result<bool> {
     let name = name.into();
-    name.validate()?;
-    let r = Request {
-        name: &name,
-        key: pg_key(&name, prefix),
-        opts,
-        xact: true,
-        in_tx: true,
-    };
+    let r = Request::xact(&name, opts, prefix)?;
     acquire(&mut Tp(tx.client()), &r).await
 }

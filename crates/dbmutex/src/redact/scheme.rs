@@ -1,7 +1,9 @@
 //! URL schemes, and the character sets descriptions escape: what every
 //! part of [`super`] shares.
 
-use percent_encoding::{AsciiSet, CONTROLS};
+use std::borrow::Cow;
+
+use percent_encoding::{percent_decode_str, AsciiSet, CONTROLS};
 
 use crate::{Error, Result};
 
@@ -73,20 +75,8 @@ pub(crate) fn file_url_path(url: &str) -> Result<String> {
             "a file URL must name an absolute path: file:///path/to/lock/dir".into(),
         ));
     }
-    let bytes = rest.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
+    percent_decode_str(rest)
+        .decode_utf8()
+        .map(Cow::into_owned)
+        .map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
 }

@@ -6,9 +6,11 @@ use std::task::{Context, Poll, Waker};
 use tokio_postgres::{Client, SimpleQueryMessage, Transaction};
 
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
-use crate::key::{pg_key, PgKey, Prefix};
+use crate::core::loss::LossToken;
+use crate::core::metrics::Hold;
+use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::{failure, Failure};
-use crate::{Error, LockName, LockOptions, Mode, Result};
+use crate::{LockName, LockOptions, Mode, Result};
 
 /// A tokio-postgres connection of the caller's that dbmutex can lock on:
 /// a [`Client`] or a [`Transaction`]. Pool objects deref to a `Client`
@@ -70,11 +72,11 @@ impl Exec for Tp<'_> {
 ///   the unlock at once, on the spot (no task, no runtime needed): the
 ///   client queues it ahead of any statement sent after, so the next user
 ///   of the connection finds the lock released.
-/// - [`LockOptions::transaction`] is refused here ([`Error::Config`]): use
+/// - [`LockOptions::transaction`] is refused here ([`Error::Config`](crate::Error::Config)): use
 ///   [`lock_xact`](crate::postgres::lock_xact).
 /// - Behind a transaction pooler a session lock does not hold; the guard's
 ///   [`release`](ClientLockGuard::release) then reports
-///   [`Error::LockLost`].
+///   [`Error::LockLost`](crate::Error::LockLost).
 ///
 /// ```no_run
 /// # async fn demo(client: &tokio_postgres::Client) -> Result<(), dbmutex::Error> {
@@ -101,25 +103,14 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
     prefix: &Prefix,
 ) -> Result<Option<ClientLockGuard<'c>>> {
     let name = name.into();
-    name.validate()?;
-    if opts.is_transaction() {
-        return Err(Error::Config(
-            "lock_session takes session locks; for a transaction lock use postgres::lock_xact".into(),
-        ));
-    }
-    let key = pg_key(&name, prefix);
-    let r = Request {
-        name: &name,
-        key,
-        opts,
-        xact: false,
-        in_tx: conn.in_transaction(),
-    };
+    let r = Request::session(&name, opts, prefix, conn.in_transaction(), "postgres::lock_xact")?;
+    let key = r.key;
     let client = conn.client();
     if !acquire(&mut Tp(client), &r).await? {
         return Ok(None);
     }
     Ok(Some(ClientLockGuard {
+        _metrics: Hold::start(r.labels(), &LossToken::never()),
         client,
         key,
         mode: opts.get_mode(),
@@ -138,6 +129,8 @@ pub struct ClientLockGuard<'c> {
     mode: Mode,
     name: LockName,
     held: bool,
+    /// Ends (dbmutex_held down) when the guard is released or dropped.
+    _metrics: Hold,
 }
 
 impl ClientLockGuard<'_> {
@@ -151,7 +144,7 @@ impl ClientLockGuard<'_> {
         self.key
     }
 
-    /// Unlocks and waits for the answer: [`Error::LockLost`] if the session
+    /// Unlocks and waits for the answer: [`Error::LockLost`](crate::Error::LockLost) if the session
     /// no longer held the lock (its connection was reset, or a pooler moved
     /// it).
     pub async fn release(mut self) -> Result<()> {

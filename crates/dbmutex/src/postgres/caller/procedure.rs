@@ -3,10 +3,11 @@
 
 use std::future::Future;
 
-use crate::core::wait;
-use crate::key::PgKey;
+use crate::core::{metrics, wait};
+use crate::key::{pg_key, PgKey, Prefix};
 use crate::postgres::errors::{map_failure, Failure};
 use crate::postgres::sql::{self, Call};
+use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 
 /// A connection that runs simple-protocol batches.
@@ -38,7 +39,51 @@ pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server s
      session locks through it): a transaction lock there would not exclude that client. Use \
      transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
 
+impl<'a> Request<'a> {
+    /// A session lock of `name` (checked), refusing a transaction-lock
+    /// option (`instead`: the function that takes those).
+    pub(crate) fn session(
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        prefix: &Prefix,
+        in_tx: bool,
+        instead: &str,
+    ) -> Result<Self> {
+        name.validate()?;
+        if opts.is_transaction() {
+            return Err(Error::Config(format!(
+                "lock_session takes session locks; for a transaction lock use {instead}"
+            )));
+        }
+        Ok(Request {
+            name,
+            key: pg_key(name, prefix),
+            opts,
+            xact: false,
+            in_tx,
+        })
+    }
+
+    /// A transaction lock of `name` (checked), in an open transaction.
+    pub(crate) fn xact(name: &'a LockName, opts: &'a LockOptions, prefix: &Prefix) -> Result<Self> {
+        name.validate()?;
+        Ok(Request {
+            name,
+            key: pg_key(name, prefix),
+            opts,
+            xact: true,
+            in_tx: true,
+        })
+    }
+}
+
 impl Request<'_> {
+    /// The metrics' labels: PostgreSQL, the mode, never the name (these
+    /// calls have no locker settings to opt in with).
+    pub(crate) fn labels(&self) -> metrics::Labels {
+        metrics::Labels::new(BackendKind::Postgres, self.opts.get_mode(), self.name, false)
+    }
+
     /// `SELECT fn(key)`, and for a transaction lock the guard that refuses a
     /// server session another dbmutex client claimed (no row then).
     fn statement(&self, call: Call, name: Option<&LockName>) -> String {
@@ -58,7 +103,15 @@ impl Request<'_> {
 }
 
 /// Takes the lock `r` asks for on `c`; `false` when the wait ended without it.
+/// Counted in the metrics as any acquisition (crate docs, "Metrics").
 pub(crate) async fn acquire<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
+    let measured = metrics::Attempt::start(r.labels());
+    let got = acquire_inner(c, r).await;
+    measured.end(metrics::Outcome::of(got.as_ref().copied(), r.opts.is_try_once()));
+    got
+}
+
+async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
     let deadline = wait::deadline(r.opts.timeout);
     // No name on the try: one text per key form, and nobody sees it. The
     // server wait carries it, where pg_stat_activity shows it.

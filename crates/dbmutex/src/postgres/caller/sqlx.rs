@@ -38,7 +38,9 @@ use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection;
 
 use super::procedure::{acquire, unlock, Exec, Request};
-use crate::key::{pg_key, PgKey, Prefix};
+use crate::core::loss::LossToken;
+use crate::core::metrics::Hold;
+use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::Failure;
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
@@ -106,19 +108,12 @@ pub async fn lock_xact(
     prefix: &Prefix,
 ) -> Result<bool> {
     let name = name.into();
-    name.validate()?;
     if !conn.is_in_transaction() {
         return Err(Error::Config(
             "postgres::sqlx::lock_xact needs an open transaction (begin() one and pass it)".into(),
         ));
     }
-    let r = Request {
-        name: &name,
-        key: pg_key(&name, prefix),
-        opts,
-        xact: true,
-        in_tx: true,
-    };
+    let r = Request::xact(&name, opts, prefix)?;
     acquire(&mut Sx(conn), &r).await
 }
 
@@ -202,25 +197,15 @@ pub async fn lock_session<C: OwnedConnection>(
     prefix: &Prefix,
 ) -> Result<std::result::Result<SessionGuard<C>, C>> {
     let name = name.into();
-    name.validate()?;
-    if opts.is_transaction() {
-        return Err(Error::Config(
-            "lock_session takes session locks; for a transaction lock use postgres::sqlx::lock_xact".into(),
-        ));
-    }
     let mut armed = Armed(Some(conn));
-    let key = pg_key(&name, prefix);
-    let r = Request {
-        name: &name,
-        key,
-        opts,
-        xact: false,
-        in_tx: armed.conn().is_in_transaction(),
-    };
+    let in_tx = armed.conn().is_in_transaction();
+    let r = Request::session(&name, opts, prefix, in_tx, "postgres::sqlx::lock_xact")?;
+    let key = r.key;
     if !acquire(&mut Sx(armed.conn()), &r).await? {
         return Ok(Err(armed.disarm()));
     }
     Ok(Ok(SessionGuard {
+        _metrics: Hold::start(r.labels(), &LossToken::never()),
         conn: Some(armed.disarm()),
         key,
         mode: opts.get_mode(),
@@ -235,6 +220,8 @@ pub struct SessionGuard<C: OwnedConnection> {
     key: PgKey,
     mode: Mode,
     name: LockName,
+    /// Ends (dbmutex_held down) when the guard is released or dropped.
+    _metrics: Hold,
 }
 
 impl<C: OwnedConnection> SessionGuard<C> {

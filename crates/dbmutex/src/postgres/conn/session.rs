@@ -19,6 +19,10 @@ pub(crate) enum Text {
     /// Unnamed, no comment. Safe behind any pooler: nothing is left on the
     /// server session between statements.
     Plain,
+    /// The simple protocol (one `Query` message), the key and the claim
+    /// token inlined as literals, no comment: as safe as `Plain` (nothing
+    /// left on the server session), fewer messages and no bind step.
+    Simple,
     /// A named prepared statement (`name_comments(false)`): parsed once per
     /// connection. Behind a pooler that passes statement names through, a
     /// name may meet another client's statement: only without one.
@@ -174,6 +178,19 @@ impl PgConn {
             Text::Plain => {
                 let (sql, params) = sql::bound_plain(call, false, mode, key, owner);
                 self.client.query_typed(&sql, &params.as_typed()).await?
+            }
+            Text::Simple => {
+                let sql = sql::inline(call, false, mode, key, None, owner);
+                let msgs = self.client.simple_query(&sql).await?;
+                self.heard_from_server();
+                let first = msgs.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0) != Some("f")),
+                    _ => None,
+                });
+                if first.is_none() {
+                    self.moved();
+                }
+                return Ok(first);
             }
             Text::Prepared => {
                 let stmt = self.prepared(call, mode, key).await?;

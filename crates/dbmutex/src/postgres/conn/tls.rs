@@ -1,5 +1,8 @@
 //! TLS for PostgreSQL connections, as `sslmode` asks (rustls, with the
-//! `tls` feature).
+//! `tls` feature; `connect.rs` plugs it into tokio-postgres).
+
+#[cfg(feature = "tls")]
+mod connect;
 
 #[cfg(feature = "tls")]
 use std::sync::Arc;
@@ -10,7 +13,7 @@ use crate::{Error, Result};
 pub(super) enum Tls {
     Off,
     #[cfg(feature = "tls")]
-    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+    Rustls(connect::MakeRustlsConnect),
 }
 
 #[cfg(feature = "tls")]
@@ -43,7 +46,7 @@ pub(super) fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
             .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
             .with_no_client_auth()
     };
-    Ok(Tls::Rustls(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
+    Ok(Tls::Rustls(connect::MakeRustlsConnect::new(config)))
 }
 
 #[cfg(not(feature = "tls"))]
