@@ -9,14 +9,6 @@ use tokio::process::{Child, Command};
 
 use crate::exit::{self, Failure};
 
-/// What the command learns of its lock, in its environment.
-pub struct Env {
-    /// `DBMUTEX_LOCK_NAME`: the lock's name as given.
-    pub lock_name: String,
-    /// `DBMUTEX_FENCE`: the fencing token (`--fence`), else unset.
-    pub fence: Option<u64>,
-}
-
 /// What to run: an argv, or a shell command line.
 pub enum Program {
     Argv(Vec<OsString>),
@@ -57,15 +49,24 @@ impl Program {
     /// runtime is current-thread): the parent-death signal fires when the
     /// *thread* that forked exits.
     ///
+    /// `env` is set in the program's environment (`DBMUTEX_*`); a `None`
+    /// value is removed from it.
+    ///
     /// Fails with 127 when the program is not found and 126 when it cannot
     /// be executed, as env(1) and shells do.
-    pub fn spawn(&self, report_fd: RawFd, terminal: Option<RawFd>, env: &Env) -> Result<Child, Failure> {
+    pub fn spawn(
+        &self,
+        report_fd: RawFd,
+        terminal: Option<RawFd>,
+        env: &[(&str, Option<String>)],
+    ) -> Result<Child, Failure> {
         let mut cmd = self.command();
-        cmd.env("DBMUTEX_LOCK_NAME", &env.lock_name);
-        match env.fence {
-            Some(token) => cmd.env("DBMUTEX_FENCE", token.to_string()),
-            None => cmd.env_remove("DBMUTEX_FENCE"),
-        };
+        for (k, v) in env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         in_own_group(&mut cmd, report_fd, terminal);
         die_with_parent(&mut cmd);
         cmd.spawn().map_err(|e| {

@@ -58,6 +58,7 @@ Examples:
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
   dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
   dbmutex run --max-hold 3600 backup -- ./backup.sh  stopped if still running after 1 h
+  dbmutex run --slots 3 render -- ./render.sh        at most 3 at once, fleet-wide
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
   dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
 
@@ -232,6 +233,11 @@ pub struct RunArgs {
     )]
     pub kill_after: Duration,
 
+    /// Take one of N slots of NAME instead of the lock itself: at most N
+    /// holders at once (the command gets DBMUTEX_SLOT=0..N-1)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub slots: Option<u32>,
+
     /// Stop the command (as when the lock is lost) and exit 124 if it still
     /// holds the lock after SECONDS, so a hung job cannot hold it for ever
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
@@ -276,6 +282,10 @@ pub struct StatusArgs {
     pub name: String,
     #[command(flatten)]
     pub int: IntArg,
+    /// Report each of N slots of NAME (as `run --slots N` takes them);
+    /// exit 1 only when every slot is held
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub slots: Option<u32>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -65,6 +65,9 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
     let name = valid_name(&args.name, &args.int)?;
     let target = Target::choose(global)?;
     let locker = target.connect().await?;
+    if let Some(n) = args.slots {
+        return slots_status(&locker, &name, &args, n).await;
+    }
     let holders = locker.holders(name.clone()).await?;
     let state = if holders.is_empty() { "free" } else { "held" };
     let out = if args.json {
@@ -86,6 +89,49 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
     };
     print(&out)?;
     Ok(u8::from(!holders.is_empty()))
+}
+
+/// `status --slots N`: who holds which slot; 1 when every slot is held.
+async fn slots_status(
+    locker: &dbmutex::Locker,
+    name: &LockName,
+    args: &StatusArgs,
+    n: u32,
+) -> Result<u8, Failure> {
+    let mut slots = Vec::new();
+    for i in 0..n {
+        let slot = LockName::Slot(name.to_string(), i);
+        slots.push((i, locker.holders(slot).await?));
+    }
+    let free = slots.iter().filter(|(_, h)| h.is_empty()).count();
+    let out = if args.json {
+        let rows: Vec<Value> = slots
+            .iter()
+            .map(|(i, h)| {
+                let holders: Vec<Value> = h.iter().map(|h| Value::Object(holder_json(h))).collect();
+                json!({ "slot": i, "held": !h.is_empty(), "holders": holders })
+            })
+            .collect();
+        json_line(&json!({
+            "name": name_json(name, &args.name),
+            "backend": locker.backend().as_str(),
+            "slots": rows,
+            "free": free,
+        }))
+    } else {
+        let mut s = format!("{free} of {n} slots free\n");
+        for (i, h) in &slots {
+            if h.is_empty() {
+                s.push_str(&format!("slot {i}: free\n"));
+            }
+            for h in h {
+                s.push_str(&format!("slot {i}: {}: {}\n", h.mode.as_str(), holder_text(h)));
+            }
+        }
+        s
+    };
+    print(&out)?;
+    Ok(u8::from(free == 0))
 }
 
 pub async fn list(global: &Global, args: ListArgs) -> Result<u8, Failure> {

@@ -74,7 +74,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     let mut signals = Signals::install()?;
     let start = Instant::now();
     let taken = tokio::select! {
-        r = connect_and_take(&target, &lock, &name, opts, wait, notices) => r?,
+        r = connect_and_take(&target, &lock, &name, opts, wait, notices, args.slots) => r?,
         sig = signals.recv() => {
             tokio::time::sleep(CANCEL_GRACE).await;
             say.note(format_args!(
@@ -142,12 +142,16 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     };
     // The group gets the terminal only if dbmutex has it (foreground job).
     let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
-    // The name as given; the token only when asked for (an inherited one,
-    // from an outer `dbmutex run --fence`, is not this lock's).
-    let env = child::Env {
-        lock_name: args.name.clone(),
-        fence: guard.fence(),
-    };
+    // What the command may want to know of its lock: the name as given, the
+    // fencing token only when asked for (an inherited one, from an outer
+    // `dbmutex run --fence`, is not this lock's: removed), the slot.
+    let mut env = vec![
+        ("DBMUTEX_LOCK_NAME", Some(args.name.clone())),
+        ("DBMUTEX_FENCE", guard.fence().map(|t| t.to_string())),
+    ];
+    if let LockName::Slot(_, slot) = guard.name() {
+        env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
+    }
     let child = match program.spawn(guardian.report_fd(), give, &env) {
         Ok(c) => c,
         Err(f) => {
@@ -221,10 +225,11 @@ async fn connect_and_take(
     opts: LockOptions,
     wait: Option<Duration>,
     notices: Notices,
+    slots: Option<u32>,
 ) -> Result<Option<(Locker, LockGuard)>, Failure> {
     let locker = target.connect().await?;
     let start = tokio::time::Instant::now();
-    let mut acquire = pin!(acquire(&locker, name, opts, wait));
+    let mut acquire = pin!(acquire(&locker, name, opts, wait, slots));
     let mut next = NOTICE_AFTER;
     let mut said = 0u32;
     while notices == Notices::Repeat || (notices == Notices::Once && said == 0) {
@@ -269,8 +274,17 @@ async fn acquire(
     name: &LockName,
     opts: LockOptions,
     wait: Option<Duration>,
+    slots: Option<u32>,
 ) -> Result<Option<LockGuard>, dbmutex::Error> {
-    locker.acquire(name.clone(), &opts.timeout_opt(wait)).await
+    let opts = opts.timeout_opt(wait);
+    match slots {
+        // One of the semaphore's slots (its lock is LockName::Slot).
+        Some(n) => Ok(locker
+            .acquire_slot(name.to_string(), n, &opts)
+            .await?
+            .map(dbmutex::SlotGuard::into_guard)),
+        None => locker.acquire(name.clone(), &opts).await,
+    }
 }
 
 /// How the command's run ended.

@@ -1229,6 +1229,54 @@ fn max_hold_stops_the_command_exit_124(b: &Backend) {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
 
+/// --slots N: at most N commands hold NAME at once; each learns its slot
+/// (DBMUTEX_SLOT); `status --slots` says who holds which and exits 1 only
+/// when every slot is held; the plain lock NAME is another lock.
+fn slots_cap_concurrent_runs(b: &Backend) {
+    let name = b.name("slots");
+    let slot_file = |i: usize| b.marker(&format!("slot-{i}-{}", unique()));
+    let files = [slot_file(0), slot_file(1)];
+    let mut holders = Vec::new();
+    for f in &files {
+        let script = format!("echo $DBMUTEX_SLOT > '{}'; exec sleep 30", f.display());
+        holders.push(b.hold(&name, &["--slots", "2"], &script));
+    }
+    let mut slots: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().trim().to_owned())
+        .collect();
+    slots.sort();
+    assert_eq!(slots, ["0", "1"], "each run its own slot");
+    let out = b.run(&["run", "-n", "--slots", "2", &name, "--", "true"]);
+    assert_eq!(code(&out), 75, "a third holder of 2 slots: {}", stderr(&out));
+    b.assert_free(&name);
+    let out = b.run(&["status", "--slots", "2", &name]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("0 of 2 slots free"),
+        "{out:?}"
+    );
+    let out = b.run(&["status", "--slots", "3", "--json", &name]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["free"], 1, "{v}");
+    let held: Vec<bool> = v["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["held"].as_bool().unwrap())
+        .collect();
+    assert_eq!(held, [true, true, false], "{v}");
+    drop(holders);
+    let out = b.run(&["run", "-w", "10", "--slots", "2", &name, "--", "true"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "slots free once the holders are gone: {}",
+        stderr(&out)
+    );
+}
+
 /// Lock loss stops the whole tree, grandchildren included, before dbmutex
 /// exits 70; a grandchild that ignores SIGTERM gets SIGKILL after
 /// --kill-after. Bound: the backend's loss detection plus --kill-after.
@@ -2148,6 +2196,7 @@ backend_tests! {
         fence_is_exported,
         init_prepares_fencing,
         max_hold_stops_the_command_exit_124,
+        slots_cap_concurrent_runs,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],

@@ -13,8 +13,8 @@ mod common;
 use std::time::Duration;
 
 use dbmutex::key::{
-    gem_hash, local_file_name, mysql_lock_string, pg_key, sql_comment, PgKey, MAX_NAME_BYTES,
-    MYSQL_MAX_BYTES, MYSQL_MAX_CHARS,
+    gem_hash, local_file_name, mysql_lock_string, mysql_lock_string_for, pg_key, sql_comment, MysqlFlavour,
+    PgKey, MAX_NAME_BYTES, MYSQL_MAX_BYTES, MYSQL_MAX_CHARS,
 };
 use dbmutex::{Error, LockName, LockOptions, Mode, Prefix, WaitStrategy};
 
@@ -412,4 +412,30 @@ async fn hostile_names_through_the_server() {
     assert_eq!(acquired + refused, N);
     assert!(refused > 0 && acquired > N / 2);
     assert_eq!(locker.held_count(), 0);
+}
+
+/// Slot lock strings: never a NUL (the servers cut a lock string there), at
+/// most 64 characters, none equal to its name's or another slot's.
+#[test]
+fn mysql_slot_strings_carry_no_nul_and_differ() {
+    let p = Prefix::none();
+    let mut seen = Vec::new();
+    for name in ["r".to_owned(), "n".repeat(200)] {
+        for i in 0..3 {
+            for f in [MysqlFlavour::Mysql, MysqlFlavour::MariaDb] {
+                let s = mysql_lock_string_for(&LockName::Slot(name.clone(), i), &p, f).unwrap();
+                assert!(!s.contains('\0') && s.chars().count() <= 64, "{s:?}");
+                assert_ne!(s, mysql_lock_string_for(&name.as_str().into(), &p, f).unwrap());
+                seen.push((name.len(), i, s));
+            }
+        }
+    }
+    for a in &seen {
+        assert!(
+            seen.iter()
+                .filter(|b| b.2 == a.2)
+                .all(|b| (b.0, b.1) == (a.0, a.1)),
+            "{a:?}"
+        );
+    }
 }

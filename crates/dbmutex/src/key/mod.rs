@@ -73,6 +73,19 @@
 //! One lock file per name: `<dir>/<head>-<hash>.lock`, where `head` is up to
 //! 32 characters of the name made file-safe and `hash` the first 32 hex digits
 //! of the SHA-256 of `prefix + name`.
+//!
+//! # Slots
+//!
+//! Slot `i` of a semaphore `s` ([`LockName::Slot`], taken by
+//! [`Locker::acquire_slot`](crate::Locker::acquire_slot)) is a lock of its
+//! own. Its text `t` is `s`, a NUL byte, `slot ` and `i` in decimal — a NUL,
+//! which no string name has, so no string or integer name maps to it:
+//!
+//! | backend | key of slot `i` of `s` |
+//! |---|---|
+//! | PostgreSQL | `k1 = crc32(utf8(t)) & 0x7fffffff`, `k2 = -1 - (prefix & 0x7fffffff)`: negative, where every string and integer name's `k2` is not |
+//! | MySQL / MariaDB | always the mapped form: the first 47 characters of `prefix + s`, `#`, 16 hex digits of SHA-256(`prefix + t`) (the servers end a lock string at a NUL, so none is sent) |
+//! | local | `<head>-<hash>.lock`, the hash over `prefix + t` |
 
 mod local;
 mod mysql;

@@ -31,8 +31,8 @@ pub enum LockName {
     RawPair(i32, i32),
     /// Slot `i` of the counting semaphore named by the string (see
     /// [`Locker::acquire_slot`](crate::Locker::acquire_slot)). Its key is
-    /// disjoint from every string and integer name's (the key contract in
-    /// the crate docs, "Slots").
+    /// disjoint from every string and integer name's (see the key contract,
+    /// [`key`](crate::key), "Slots").
     Slot(String, u32),
 }
 
