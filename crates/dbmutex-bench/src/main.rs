@@ -65,6 +65,10 @@ struct Cli {
     /// connection), to see what the comment costs.
     #[arg(long)]
     no_comment: bool,
+    /// `uncontended` also runs with fenced acquisitions
+    /// (`LockOptions::fenced`), after the unfenced run, and reports the ratio.
+    #[arg(long)]
+    fenced: bool,
     /// One JSON object per line per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -144,6 +148,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             floor_unnamed: cli.floor_unnamed,
             name_comments: !cli.no_comment,
         },
+        fenced: cli.fenced,
     };
     let plan = match cli.scenario {
         Scenario::All => [
@@ -203,7 +208,20 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
             }
             rows
         }
-        Scenario::Uncontended => vec![scenarios::uncontended(env).await?],
+        Scenario::Uncontended => {
+            let plain = scenarios::uncontended(env, false).await?;
+            let mut rows = vec![];
+            if env.fenced {
+                let mut fenced = scenarios::uncontended(env, true).await?;
+                fenced.set(
+                    "ratio_to_unfenced",
+                    round(fenced.ops_per_s() / plain.ops_per_s(), 3),
+                );
+                rows.push(fenced);
+            }
+            rows.insert(0, plain);
+            rows
+        }
         Scenario::Contended => vec![scenarios::contended(env).await?],
         Scenario::ManyKeys => vec![scenarios::many_keys(env).await?],
         Scenario::HoldMany => vec![scenarios::hold_many(env).await?],

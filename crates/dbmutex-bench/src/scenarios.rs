@@ -52,6 +52,8 @@ pub struct Env {
     pub probe: Arc<Probe>,
     /// Command-line settings.
     pub p: Params,
+    /// `uncontended` also runs fenced.
+    pub fenced: bool,
 }
 
 impl Env {
@@ -105,8 +107,9 @@ impl Env {
     }
 }
 
-/// One task: acquire + release, one name after another.
-pub async fn uncontended(env: &Env) -> anyhow::Result<Row> {
+/// One task: acquire + release, one name after another; `fenced`: each
+/// acquisition with a fencing token.
+pub async fn uncontended(env: &Env, fenced: bool) -> anyhow::Result<Row> {
     let app = env.app("uncontended");
     let locker = env.lockers(&app, 1, dbmutex::DEFAULT_MAX_LOCKS).await?.remove(0);
     let names: Arc<Vec<String>> = Arc::new((0..UNCONTENDED_NAMES).map(|i| env.name("u", i)).collect());
@@ -116,7 +119,7 @@ pub async fn uncontended(env: &Env) -> anyhow::Result<Row> {
         let (locker, names) = (locker.clone(), names.clone());
         async move {
             barrier.wait().await;
-            let opts = LockOptions::new();
+            let opts = LockOptions::new().fenced(fenced);
             let mut t = Timer::run_for(dur);
             let mut i = 0;
             while t.start() {
@@ -132,6 +135,9 @@ pub async fn uncontended(env: &Env) -> anyhow::Result<Row> {
     .await?;
     let mut row = env.row("uncontended", 1, s.lat, s.seconds);
     row.connections = sampler.finish().await;
+    if fenced {
+        row.set("fenced", true);
+    }
     Ok(row)
 }
 

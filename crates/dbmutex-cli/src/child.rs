@@ -49,7 +49,8 @@ impl Program {
     /// runtime is current-thread): the parent-death signal fires when the
     /// *thread* that forked exits.
     ///
-    /// `env` is added to the program's environment (`DBMUTEX_*`).
+    /// `env` is set in the program's environment (`DBMUTEX_*`); a `None`
+    /// value is removed from it.
     ///
     /// Fails with 127 when the program is not found and 126 when it cannot
     /// be executed, as env(1) and shells do.
@@ -57,10 +58,15 @@ impl Program {
         &self,
         report_fd: RawFd,
         terminal: Option<RawFd>,
-        env: &[(&str, String)],
+        env: &[(&str, Option<String>)],
     ) -> Result<Child, Failure> {
         let mut cmd = self.command();
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        for (k, v) in env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         in_own_group(&mut cmd, report_fd, terminal);
         die_with_parent(&mut cmd);
         cmd.spawn().map_err(|e| {

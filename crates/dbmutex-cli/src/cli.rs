@@ -54,7 +54,9 @@ Examples:
   dbmutex status nightly-report
   dbmutex list --json
   dbmutex key nightly-report
+  dbmutex init                                       create the fencing table
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
+  dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
   dbmutex run --max-hold 3600 backup -- ./backup.sh  stopped if still running after 1 h
   dbmutex run --slots 3 render -- ./render.sh        at most 3 at once, fleet-wide
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
@@ -134,6 +136,14 @@ pub enum Command {
     List(ListArgs),
     /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for names of 65 to 192 bytes).
     Key(KeyArgs),
+    /// Create the table that issues fencing tokens (run --fence) and print the grants an application role then needs.
+    #[command(after_help = "For deployments whose application role may not create tables \
+                            (PostgreSQL 15 lets no ordinary role create in schema public): run once as \
+                            a role that may. PostgreSQL creates dbmutex_fence in the current schema (the \
+                            first existing one of the search_path), MySQL/MariaDB in the URL's database. Roles that may create it \
+                            need no init: the table is created on first use. The local backend has \
+                            nothing to create.")]
+    Init,
     /// Print the shell completion script for SHELL to stdout.
     #[command(after_help = "Examples:\n  \
                             dbmutex completions bash > /etc/bash_completion.d/dbmutex\n  \
@@ -205,6 +215,12 @@ pub struct RunArgs {
     /// PostgreSQL: hold a transaction-level lock (safe behind PgBouncer transaction pooling)
     #[arg(long)]
     pub transaction: bool,
+
+    /// Issue a fencing token with the lock and export it to the command as
+    /// DBMUTEX_FENCE (greater than every earlier holder's; exclusive session
+    /// locks only). The command always gets DBMUTEX_LOCK_NAME.
+    #[arg(long, conflicts_with_all = ["shared", "transaction"])]
+    pub fence: bool,
 
     /// Seconds between SIGTERM and SIGKILL to the command's process group
     /// (lock lost, dbmutex killed, or processes left behind)

@@ -10,6 +10,7 @@ mod child;
 mod cli;
 mod docs;
 mod exit;
+mod init;
 mod report;
 mod run;
 mod say;
@@ -69,6 +70,7 @@ async fn execute(cli: Cli) -> Result<u8, Failure> {
         Command::Status(args) => report::status(&cli.global, args).await,
         Command::List(args) => report::list(&cli.global, args).await,
         Command::Key(args) => report::key(&cli.global, args),
+        Command::Init => init::init(&cli.global).await,
         Command::Help(_) | Command::Completions(_) | Command::Man(_) => {
             unreachable!("handled before the runtime starts")
         }

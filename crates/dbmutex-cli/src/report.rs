@@ -244,7 +244,7 @@ fn json_line(v: &Value) -> String {
     format!("{v}\n")
 }
 
-fn print(s: &str) -> Result<(), Failure> {
+pub fn print(s: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     out.write_all(s.as_bytes())
         .and_then(|()| out.flush())

@@ -49,7 +49,10 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         LockName::Int(n) => n.to_string(),
         _ => shown(&args.name),
     };
-    let mut opts = LockOptions::new().mode(mode).transaction(args.transaction);
+    let mut opts = LockOptions::new()
+        .mode(mode)
+        .transaction(args.transaction)
+        .fenced(args.fence);
     if let Some(d) = args.max_hold {
         opts = opts.max_hold(d);
     }
@@ -94,8 +97,9 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         }
         return Ok(args.conflict_exit_code);
     };
+    let fence = guard.fence().map(|t| format!(", fence {t}")).unwrap_or_default();
     say.detail(format_args!(
-        "acquired lock {name} ({}) on {} after {}",
+        "acquired lock {name} ({}{fence}) on {} after {}",
         mode.as_str(),
         target.describe(),
         secs(start.elapsed())
@@ -138,10 +142,15 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     };
     // The group gets the terminal only if dbmutex has it (foreground job).
     let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
-    // What the command may want to know of its lock.
-    let mut env = Vec::new();
+    // What the command may want to know of its lock: the name as given, the
+    // fencing token only when asked for (an inherited one, from an outer
+    // `dbmutex run --fence`, is not this lock's: removed), the slot.
+    let mut env = vec![
+        ("DBMUTEX_LOCK_NAME", Some(args.name.clone())),
+        ("DBMUTEX_FENCE", guard.fence().map(|t| t.to_string())),
+    ];
     if let LockName::Slot(_, slot) = guard.name() {
-        env.push(("DBMUTEX_SLOT", slot.to_string()));
+        env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
     }
     let child = match program.spawn(guardian.report_fd(), give, &env) {
         Ok(c) => c,

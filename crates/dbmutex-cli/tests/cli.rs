@@ -1614,6 +1614,77 @@ fn status_json_errors(b: &Backend) {
     assert_eq!(v["error"]["exit"], 64, "{v}");
 }
 
+/// `dbmutex init` creates the fencing table (or says the local backend
+/// needs none) and prints the grants an application role needs.
+fn init_prepares_fencing(b: &Backend) {
+    let out = b.run(&["init"]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    if b.url.is_none() {
+        assert!(text.contains("nothing to create"), "{text}");
+        return;
+    }
+    assert!(
+        text.contains("GRANT SELECT, INSERT, UPDATE ON"),
+        "[{}] {text}",
+        b.kind
+    );
+    let columns = match b.kind {
+        "postgres" => "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'dbmutex_fence' AND table_schema = current_schema()",
+        _ => "SELECT group_concat(column_name ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'dbmutex_fence' AND table_schema = database()",
+    };
+    assert_eq!(b.sql(columns), "lock_key,token", "[{}]", b.kind);
+}
+
+/// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
+/// exports `DBMUTEX_LOCK_NAME`, and an inherited `DBMUTEX_FENCE` does not
+/// reach an unfenced command.
+fn fence_is_exported(b: &Backend) {
+    let name = b.name("fence");
+    let show = "echo \"${DBMUTEX_FENCE-unset} $DBMUTEX_LOCK_NAME\"";
+    let fenced = || {
+        let out = b.run(&["run", "--fence", &name, "--", "sh", "-c", show]);
+        assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (token, lock) = text.trim().split_once(' ').expect("token and name");
+        assert_eq!(lock, name, "[{}] DBMUTEX_LOCK_NAME", b.kind);
+        token
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("[{}] DBMUTEX_FENCE is not a token: {text:?}", b.kind))
+    };
+    let (first, second) = (fenced(), fenced());
+    let out = b.run(&["run", "-v", "--fence", &name, "--", "true"]);
+    assert!(
+        stderr(&out).contains(&format!("(exclusive, fence {})", second + 1)),
+        "[{}] -v names the token: {}",
+        b.kind,
+        stderr(&out)
+    );
+    assert!(
+        second > first,
+        "[{}] second run's token {second} > first's {first}",
+        b.kind
+    );
+    let out = b
+        .cmd(&["run", &name, "--", "sh", "-c", show])
+        .env("DBMUTEX_FENCE", "999")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("unset {name}")
+    );
+    let out = b.run(&["run", "--fence", "-s", &name, "--", "true"]);
+    assert_eq!(
+        code(&out),
+        64,
+        "[{}] --fence with -s is a usage error: {}",
+        b.kind,
+        stderr(&out)
+    );
+}
+
 /// `--int N` is the gem's `with_advisory_lock(N)`: a raw SQL lock on the key
 /// the gem computes for N (PostgreSQL: `N & 0x7fffffff, prefix`; MySQL: the
 /// decimal string) is refused while a CLI holder has `--int N`, and taken
@@ -2122,6 +2193,8 @@ backend_tests! {
         leftovers_stopped_before_release,
         verbose_repeats_the_waiting_line,
         conflict_exit_0_is_silent,
+        fence_is_exported,
+        init_prepares_fencing,
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
     ]

@@ -84,6 +84,7 @@
 mod builder;
 mod core;
 mod error;
+pub mod fence;
 pub mod key;
 mod local;
 mod locker;

@@ -99,7 +99,12 @@ impl Locker {
     /// wait (`f` did not run).
     ///
     /// - Re-entrant: a nested call for the same name and mode in the same task
-    ///   (on this locker) runs `f` at once, with no SQL.
+    ///   (on this locker) runs `f` at once, with no SQL (and no new fencing
+    ///   token: a fenced nested call inside an unfenced one is
+    ///   [`Error::Unsupported`]).
+    /// - With [`LockOptions::fenced`], `f` reads its token from
+    ///   [`current_locks`](crate::current_locks) (`.last()`'s
+    ///   [`HeldLock::fence`]).
     /// - If the lock is lost while `f` runs, `f` is dropped at its next await
     ///   point and the call returns [`Error::LockLost`]; past
     ///   [`LockOptions::max_hold`], the same, then the lock is released and
@@ -121,19 +126,28 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let name = name.into();
-        let me = HeldLock {
+        let mut me = HeldLock {
             name,
             mode: opts.mode,
             backend: self.backend(),
+            fence: None,
             locker_id: self.engine.id(),
         };
         let mut stack = current_locks();
-        if stack.contains(&me) {
+        if let Some(outer) = stack.iter().find(|h| h.is_same_lock(&me)) {
+            if opts.fenced && outer.fence.is_none() {
+                return Err(Error::Unsupported(format!(
+                    "a fenced scoped call for {:?} inside an unfenced one for the same lock: \
+                     the enclosing call holds it without a token (fence the outer call)",
+                    me.name.to_string()
+                )));
+            }
             return Ok(Outcome::Acquired(f().await));
         }
         let Some(guard) = self.acquire(me.name.clone(), opts).await? else {
             return Ok(Outcome::NotAcquired);
         };
+        me.fence = guard.fence();
         let lost = guard.lost();
         stack.push(me);
         let run = scope::within(stack, async {
@@ -253,6 +267,15 @@ impl Locker {
     /// directory's held files), with the name where it can be known.
     pub async fn list(&self) -> Result<Vec<ListedLock>> {
         self.engine.list().await
+    }
+
+    /// Creates the table that issues fencing tokens
+    /// ([`LockOptions::fenced`]; see [`crate::fence`]) if it is missing:
+    /// for deployments whose application role may not create tables, run
+    /// once by a role that may (`dbmutex init` does). The local backend
+    /// has nothing to create.
+    pub async fn create_fence_table(&self) -> Result<()> {
+        self.engine.create_fence_table().await
     }
 
     /// The database key `name` maps to on this locker's backend and prefix.

@@ -79,6 +79,7 @@ pub struct LockOptions {
     pub(crate) transaction: bool,
     pub(crate) strategy: WaitStrategy,
     pub(crate) max_backoff: Duration,
+    pub(crate) fenced: bool,
     pub(crate) max_hold: Option<Duration>,
 }
 
@@ -90,6 +91,7 @@ impl Default for LockOptions {
             transaction: false,
             strategy: WaitStrategy::TryThenServer,
             max_backoff: Duration::from_millis(100),
+            fenced: false,
             max_hold: None,
         }
     }
@@ -156,6 +158,27 @@ impl LockOptions {
     pub fn max_backoff(mut self, d: Duration) -> Self {
         self.max_backoff = d.max(Duration::from_millis(1));
         self
+    }
+
+    /// Issue a *fencing token* with the lock: [`LockGuard::fence`](crate::LockGuard::fence)
+    /// then returns a number strictly greater than the token of every
+    /// earlier holder of the same key, on any host, across client and server
+    /// restarts (see the crate docs, "Fencing tokens"). It is issued while the
+    /// lock is held, after it was granted, so token order is lock order; a
+    /// token that cannot be issued releases the lock and fails the
+    /// acquisition. Exclusive session locks only: with `shared(true)` or
+    /// `transaction(true)` the acquisition fails with
+    /// [`Error::Unsupported`](crate::Error::Unsupported). Costs one round
+    /// trip (PostgreSQL, MySQL) or two `fsync`s (local backend) per
+    /// acquisition.
+    pub fn fenced(mut self, fenced: bool) -> Self {
+        self.fenced = fenced;
+        self
+    }
+
+    /// Whether a fencing token is issued with the lock.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
     }
 
     /// The longest the lock may be held (default: no limit). Past it the

@@ -62,6 +62,7 @@ impl BackendKind {
                 server_wait: true,
                 can_lose: true,
                 session_locks: true,
+                fencing: true,
             },
             BackendKind::Mysql => Capabilities {
                 shared: false,
@@ -69,6 +70,7 @@ impl BackendKind {
                 server_wait: true,
                 can_lose: true,
                 session_locks: true,
+                fencing: true,
             },
             BackendKind::Local => Capabilities {
                 shared: true,
@@ -76,6 +78,7 @@ impl BackendKind {
                 server_wait: false,
                 can_lose: false,
                 session_locks: true,
+                fencing: true,
             },
         }
     }
@@ -101,6 +104,8 @@ pub struct Capabilities {
     /// whose PostgreSQL server sits behind a transaction pooler (see
     /// [`Locker::capabilities`](crate::Locker::capabilities)).
     pub session_locks: bool,
+    /// Fencing tokens ([`LockOptions::fenced`](crate::LockOptions::fenced)).
+    pub fencing: bool,
 }
 
 /// Who holds a lock, as the server reports it.
@@ -148,7 +153,20 @@ pub struct HeldLock {
     pub mode: Mode,
     /// The backend that holds it.
     pub backend: BackendKind,
+    /// The fencing token it was acquired with
+    /// ([`LockOptions::fenced`](crate::LockOptions::fenced)), else `None`:
+    /// how a scoped call's closure reads its token.
+    pub fence: Option<u64>,
     pub(crate) locker_id: u64,
+}
+
+impl HeldLock {
+    /// The same lock of the same locker (whatever its token): a nested
+    /// scoped call for it is re-entrant.
+    pub(crate) fn is_same_lock(&self, other: &HeldLock) -> bool {
+        (&self.name, self.mode, self.backend, self.locker_id)
+            == (&other.name, other.mode, other.backend, other.locker_id)
+    }
 }
 
 /// The result of a scoped call: the closure's value, or "not acquired".

@@ -663,7 +663,7 @@ async fn a_holder_moved_by_the_pooler_is_told_and_its_lock_freed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_check_catches_a_fresh_round_robin_pool() {
     let mut missed = 0;
-    for _ in 0..20 {
+    for _ in 0..40 {
         let bouncer = PgBouncer::start_with("transaction", 2, true).await;
         warm(&bouncer, 2).await;
         let locker = Locker::connect(&bouncer.url()).await.expect("connect");
@@ -679,5 +679,88 @@ async fn connect_check_catches_a_fresh_round_robin_pool() {
     assert_eq!(
         missed, 0,
         "the connect-time check missed {missed} of 20 fresh round-robin pools"
+    );
+}
+
+/// Fenced session locks through a transaction pooler that slipped past the
+/// connect check (1 or 2 lockers on a round-robin pool of two server
+/// sessions, 40 fresh poolers: claims stay on pooled sessions, so later lockers on one
+/// pooler are refused at once): the lock statements and the fence
+/// statements land on sessions the pooler picks. Whatever is refused or
+/// lost, no two holders overlap and the tokens the holders saw, in the
+/// order they held the lock, strictly increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_locks_through_a_pooler_keep_token_order() {
+    let name = unique("pgb-fenced");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut counts = std::collections::BTreeMap::new();
+    for trial in 0..40 {
+        let bouncer = PgBouncer::start_with("transaction", 2, true).await;
+        warm(&bouncer, 2).await;
+        let mut tasks = Vec::new();
+        // Alone, a locker's fence lands on the other session about every
+        // other pooler (round robin); two contend and hand tokens over.
+        for _ in 0..1 + trial % 2 {
+            let (url, name) = (bouncer.url(), name.clone());
+            let (inside, overlaps, tokens) = (inside.clone(), overlaps.clone(), tokens.clone());
+            tasks.push(tokio::spawn(async move {
+                let locker = Locker::builder(&url)
+                    .keepalive(Duration::from_millis(100))
+                    .skip_pooler_check_for_tests()
+                    .connect()
+                    .await
+                    .expect("connect through pgbouncer");
+                let opts = LockOptions::try_once().fenced(true);
+                let mut outcomes = Vec::new();
+                for _ in 0..30 {
+                    match locker.acquire(name.as_str(), &opts).await {
+                        Ok(Some(g)) => {
+                            let _in = Inside(inside.clone());
+                            if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                                overlaps.fetch_add(1, Ordering::SeqCst);
+                            }
+                            tokens.lock().unwrap().push(g.fence().expect("fenced"));
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            drop(_in);
+                            outcomes.push(if g.release().await.is_ok() {
+                                "held"
+                            } else {
+                                "lost while held"
+                            });
+                        }
+                        Ok(None) => outcomes.push("busy"),
+                        Err(Error::Unsupported(_)) => outcomes.push("refused"),
+                        // The lock statement ran on our session, the fence
+                        // statement on another: no token, the lock is lost.
+                        Err(Error::LockLost { .. }) => outcomes.push("fence moved"),
+                        Err(Error::Connect(_)) => outcomes.push("connect"),
+                        Err(e) => panic!("unexpected: {e:?}"),
+                    }
+                    tokio::task::yield_now().await;
+                }
+                outcomes
+            }));
+        }
+        for t in tasks {
+            for o in t.await.expect("client task") {
+                *counts.entry(o).or_insert(0) += 1;
+            }
+        }
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    println!("fenced through a pooler: {counts:?}, {} tokens", tokens.len());
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    // Fence statements the pooler sent elsewhere were caught (without the
+    // claim check in the statement, none is, and those holders get tokens
+    // for locks they cannot keep).
+    assert!(
+        counts.get("fence moved").is_some_and(|&n| n > 0),
+        "no moved fence statement was caught: {counts:?}"
+    );
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "tokens out of lock order: {tokens:?}"
     );
 }

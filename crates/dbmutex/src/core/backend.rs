@@ -3,8 +3,9 @@
 //! arbitration, polling, scopes, guards (see [`super::pipeline`]).
 //!
 //! A backend only maps a name to its key, tries once (or waits in the
-//! server, if it can), hands back a [`Grant`] that releases, and answers
-//! who holds what.
+//! server, if it can), hands back a [`Grant`] that releases (and, when
+//! [`Capabilities::fencing`] says so, issues fencing tokens on the lock's own
+//! session: [`Grant::fence`]), and answers who holds what.
 
 use std::fmt;
 use std::future::Future;
@@ -58,6 +59,8 @@ pub(crate) enum Missing {
     Transaction,
     /// Session locks (PostgreSQL behind a transaction pooler).
     SessionLocks,
+    /// Fencing tokens ([`Grant::fence`]).
+    Fencing,
 }
 
 /// One acquisition as the core hands it to the backend.
@@ -153,6 +156,13 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
                 "this backend cannot wait in the server".into(),
             ))
         }
+    }
+
+    /// Creates what fencing tokens need on the server (the table of
+    /// [`crate::fence`]), for a role that may; the locks' own roles then
+    /// need only the grants. Nothing to create is `Ok`.
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        async { Err(Error::Unsupported("this backend issues no fencing tokens".into())) }
     }
 
     /// Who holds `key` now.

@@ -51,6 +51,15 @@ impl<T: Send + 'static> Undo<T> {
         self.armed.get_mut().unwrap_or_else(|e| e.into_inner()).take()
     }
 
+    /// `f` of the value while it is armed (`None` once taken).
+    pub(crate) fn peek<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(f)
+    }
+
     /// The action will not run (the value is dropped as it is).
     pub(crate) fn disarm(&mut self) {
         drop(self.take());

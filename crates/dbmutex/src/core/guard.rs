@@ -31,6 +31,19 @@ pub(crate) trait Grant: Send + Sync + 'static {
 
     /// This lock's loss token.
     fn loss(&self) -> LossToken;
+
+    /// Issues the next fencing token of `key` (the backend's key text)
+    /// while this grant holds the lock, on the lock's own session where
+    /// there is one, so that a token is never handed out for a lock that
+    /// session no longer holds. Committed (durable) before it returns. The
+    /// core calls it once, right after the grant, when
+    /// [`LockOptions::fenced`](crate::LockOptions::fenced) asks; a backend
+    /// that cannot says [`Capabilities::fencing`](crate::Capabilities) = false.
+    fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
+        Box::pin(std::future::ready(Err(crate::Error::Unsupported(
+            "this backend issues no fencing tokens".into(),
+        ))))
+    }
 }
 
 /// An acquired lock. Release it with [`LockGuard::release`]; dropping it also
@@ -45,6 +58,8 @@ pub struct LockGuard {
     mode: Mode,
     acquired_at: Instant,
     count: Arc<AtomicUsize>,
+    /// The fencing token issued with the lock, if asked for.
+    fence: Option<u64>,
     /// Marked released when the guard lets go of the lock, so that closing
     /// its connection afterwards is not reported as a loss.
     loss: LossToken,
@@ -69,6 +84,7 @@ impl LockGuard {
         grant: Box<dyn Grant>,
         name: LockName,
         mode: Mode,
+        fence: Option<u64>,
         count: Arc<AtomicUsize>,
         labels: Labels,
         max_hold: Option<Duration>,
@@ -76,6 +92,7 @@ impl LockGuard {
         let loss = grant.loss();
         let max_hold_at = max_hold.and_then(|d| tokio::time::Instant::now().checked_add(d));
         LockGuard {
+            fence,
             metrics: Hold::start(labels, &loss),
             loss,
             grant: Some(grant),
@@ -95,6 +112,16 @@ impl LockGuard {
     /// Exclusive or shared.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The fencing token issued with this lock when it was acquired with
+    /// [`LockOptions::fenced`](crate::LockOptions::fenced), else `None`.
+    /// Strictly greater than the token of every earlier holder of the same
+    /// key; pass it to the protected resource with each write, which keeps
+    /// the highest token it has seen and rejects lower ones (see the crate
+    /// docs, "Fencing tokens", and [`fence`](crate::fence)).
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
     }
 
     /// How long the lock has been held.

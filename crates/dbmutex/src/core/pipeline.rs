@@ -1,6 +1,6 @@
 //! The acquisition pipeline, read top to bottom:
 //! validate → cap → capability check → key → deadline → in-process hold →
-//! admit → try/poll or server wait → guard.
+//! admit → try/poll or server wait → fence (when asked) → guard.
 //!
 //! [`Pipeline`] runs it over any [`Backend`]; [`Engine`] is its object-safe
 //! face, which the [`Locker`](crate::Locker) holds.
@@ -31,6 +31,7 @@ pub(crate) trait Engine: Send + Sync {
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
     fn key_of(&self, name: &LockName) -> Result<String>;
+    fn create_fence_table(&self) -> BoxFut<'_, Result<()>>;
 }
 
 /// The pipeline over one backend.
@@ -105,12 +106,29 @@ impl<B: Backend> Pipeline<B> {
         let waited_us = start.elapsed().as_micros() as u64;
         match grant {
             Some(g) => {
+                // Issued after the grant and before the guard exists, so
+                // token order is lock order. Without a token the lock is
+                // released before the error returns (cancelled here, `g`
+                // is dropped, which releases it too).
+                let fence = match opts.fenced {
+                    false => None,
+                    true => match g.fence(self.backend.key_text(&key)).await {
+                        Ok(token) => Some(token),
+                        Err(e) => {
+                            if let Err(r) = g.release().await {
+                                tracing::debug!(name = %name, error = %r, "dbmutex: release after a failed fence");
+                            }
+                            return Err(e);
+                        }
+                    },
+                };
                 std::mem::forget(reservation);
-                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, "dbmutex: acquired");
+                tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, fence, "dbmutex: acquired");
                 Ok(Some(LockGuard::new(
                     g,
                     name,
                     opts.mode,
+                    fence,
                     self.count.clone(),
                     labels,
                     opts.max_hold,
@@ -129,6 +147,16 @@ impl<B: Backend> Pipeline<B> {
 
     /// An option the backend cannot honour, refused in its own words.
     fn refuse(&self, opts: &LockOptions) -> Result<()> {
+        if opts.fenced && (opts.mode == Mode::Shared || opts.transaction) {
+            // Token order is lock order only for a lock one holder has at a
+            // time, until released: shared holders overlap, and a token
+            // issued in a transaction lock's transaction would roll back
+            // with it.
+            return Err(Error::Unsupported(
+                "fencing tokens need an exclusive session lock (not shared(true) or transaction(true))"
+                    .into(),
+            ));
+        }
         let can = self.backend.capabilities();
         let missing = if opts.mode == Mode::Shared && !can.shared {
             Some(Missing::Shared)
@@ -136,6 +164,8 @@ impl<B: Backend> Pipeline<B> {
             Some(Missing::Transaction)
         } else if !opts.transaction && !can.session_locks {
             Some(Missing::SessionLocks)
+        } else if opts.fenced && !can.fencing {
+            Some(Missing::Fencing)
         } else {
             None
         };
@@ -255,6 +285,10 @@ impl Grant for Permitted {
     fn loss(&self) -> LossToken {
         self.grant.loss()
     }
+
+    fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
+        self.grant.fence(key)
+    }
 }
 
 impl<B: Backend> Engine for Pipeline<B> {
@@ -301,6 +335,10 @@ impl<B: Backend> Engine for Pipeline<B> {
     fn key_of(&self, name: &LockName) -> Result<String> {
         name.validate()?;
         Ok(self.backend.key_text(&self.backend.key(name, &self.settings)?))
+    }
+
+    fn create_fence_table(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.backend.create_fence_table(&self.settings))
     }
 }
 

@@ -17,6 +17,20 @@ pub(crate) fn io_error(context: String, e: io::Error) -> Error {
     Error::Io(io::Error::new(e.kind(), format!("{context}: {e}")))
 }
 
+/// Runs file-system work on the blocking pool.
+///
+/// Cancel safety: if the caller stops waiting, the work still finishes and
+/// its result is dropped; a lock file in it closes, and with it its lock.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Error::Io(io::Error::other(format!("lock file task ended: {e}")))),
+    }
+}
+
 /// A descriptor on a lock file. Each holder opens its own: the OS lock
 /// belongs to the open file description, so two descriptors conflict within
 /// one process just as in two processes.

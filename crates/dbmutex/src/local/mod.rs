@@ -37,6 +37,10 @@
 //!   plus the name). Do not clean the directory while locks may be held; an
 //!   acquire that finds its file removed or replaced before it locked it
 //!   starts over on the current file.
+//! - **Fencing tokens** ([`LockOptions::fenced`]) live in
+//!   `<lock file>.fence` (see [`crate::fence`]), written while the lock is
+//!   held; a fence write still running when its acquisition is cancelled
+//!   keeps the lock until it is done. These files stay too.
 //! - **Who holds it.** [`Locker::holders`](crate::Locker::holders) and
 //!   [`Locker::list`](crate::Locker::list) find out whether a file is locked
 //!   by locking it for an instant (see [`file::probe`]). If it is, Linux's
@@ -54,37 +58,26 @@
 //! descriptor.
 
 mod dir;
+mod fence;
 mod file;
+mod grant;
 mod note;
 mod proc_locks;
 mod turns;
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::core::arbiter::{Arbiter, Hold};
+use crate::core::arbiter::Arbiter;
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
-use crate::core::guard::{BoxFuture, Grant};
-use crate::core::loss::LossToken;
+use crate::core::guard::Grant;
 use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
-use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result};
-use file::{io_error, LockFile};
+use crate::{BackendKind, LockName, LockOptions, Mode, Result};
+use file::{blocking, io_error, LockFile};
+use grant::FileGrant;
 use turns::MAX_POLL;
-
-/// Runs file-system work on the blocking pool.
-///
-/// Cancel safety: if the caller stops waiting, the work still finishes and
-/// its result is dropped; a lock file in it closes, and with it its lock.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(r) => r,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(Error::Io(io::Error::other(format!("lock file task ended: {e}")))),
-    }
-}
 
 pub(crate) struct LocalBackend {
     dir: PathBuf,
@@ -236,7 +229,7 @@ impl Backend for LocalBackend {
                     return Ok(None);
                 }
             };
-            let grant = Box::new(FileGrant::new(file, at.hold.take()));
+            let grant = Box::new(FileGrant::new(file, tries.req.path.clone(), at.hold.take()));
             // One await point with the lock taken, even when the blocking-pool
             // work finished before it was awaited (a woken pool thread often
             // runs first): cancellation there must free the lock, and the
@@ -245,6 +238,11 @@ impl Backend for LocalBackend {
             tokio::task::yield_now().await;
             Ok(Some(grant as Box<dyn Grant>))
         }
+    }
+
+    /// Fence files appear beside the lock files: nothing to create.
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        std::future::ready(Ok(()))
     }
 
     fn is_locked<'a>(
@@ -347,52 +345,6 @@ fn list_dir(dir: &Path, prefix: &str) -> Result<Vec<ListedLock>> {
     }
     out.sort_by(|a, b| (&a.key, a.holder.pid).cmp(&(&b.key, b.holder.pid)));
     Ok(out)
-}
-
-/// A held lock file: its descriptor and its in-process hold. Dropped, it
-/// unlocks at once (a file lock needs no round trip).
-struct FileGrant {
-    /// `None` once released.
-    file: Option<LockFile>,
-    hold: Option<Hold<String>>,
-}
-
-impl FileGrant {
-    fn new(file: LockFile, hold: Option<Hold<String>>) -> Self {
-        FileGrant {
-            file: Some(file),
-            hold,
-        }
-    }
-
-    fn unlock(&mut self) -> Result<()> {
-        let r = match self.file.take() {
-            // Closing would free the lock even if unlocking failed.
-            Some(f) => f
-                .unlock()
-                .map_err(|e| io_error("cannot unlock a lock file".into(), e)),
-            None => Ok(()),
-        };
-        // After the file, so the in-process waiter it wakes finds it free.
-        self.hold = None;
-        r
-    }
-}
-
-impl Grant for FileGrant {
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        Box::pin(std::future::ready(self.unlock()))
-    }
-
-    fn loss(&self) -> LossToken {
-        LossToken::never()
-    }
-}
-
-impl Drop for FileGrant {
-    fn drop(&mut self) {
-        let _ = self.unlock();
-    }
 }
 
 #[cfg(test)]

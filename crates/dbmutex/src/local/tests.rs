@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::core::pipeline::{Engine, Pipeline};
 use crate::key::Prefix;
+use crate::Error;
 
 /// A fresh directory under the system's temp dir, removed on drop.
 pub(crate) struct TempDir(PathBuf);

@@ -102,6 +102,25 @@ impl Grant for MyGrant {
     fn loss(&self) -> LossToken {
         LossToken::of(self.lost.clone())
     }
+
+    fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
+        let held = self.release.peek(|r| {
+            let runtime = r.shared.runtime.clone();
+            (runtime, r.lc.clone(), r.lock.clone(), r.name.clone())
+        });
+        let Some((runtime, lc, lock, name)) = held else {
+            return Box::pin(std::future::ready(Err(Error::Database(
+                "a fencing token for a released lock".into(),
+            ))));
+        };
+        // Spawned, as the release is: a statement cut off midway would
+        // leave the session's protocol state unknown.
+        let task = runtime.spawn(super::fence::issue(lc, key, lock, name));
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the fencing task ended unexpectedly".into())))
+        })
+    }
 }
 
 impl Release {

@@ -144,6 +144,7 @@
 mod check;
 mod conn;
 mod errors;
+mod fence;
 mod get_lock;
 mod grant;
 mod introspect;
@@ -302,6 +303,7 @@ impl Backend for MyBackend {
                  locks need PostgreSQL — on MySQL take a session lock and release it when your transaction ends"
                 .into(),
             Missing::SessionLocks => "MySQL/MariaDB user locks are session locks".into(),
+            Missing::Fencing => "this MySQL/MariaDB locker issues no fencing tokens".into(),
         }
     }
 
@@ -376,5 +378,9 @@ impl Backend for MyBackend {
 
     fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
         introspect::list_with_own(&self.shared, settings)
+    }
+
+    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        fence::create_table(&self.shared.connector)
     }
 }

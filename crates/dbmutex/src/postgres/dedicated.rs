@@ -368,4 +368,10 @@ impl Grant for DedicatedGrant {
     fn loss(&self) -> LossToken {
         LossToken::of(self.lost.clone())
     }
+
+    /// Transaction locks are refused by the core (the token would roll back
+    /// with their transaction): this is a session lock, in autocommit.
+    fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
+        super::fence::for_grant(self.held.peek(|d| d.lock.clone()), key)
+    }
 }

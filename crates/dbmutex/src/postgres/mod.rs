@@ -39,6 +39,7 @@ mod caller;
 mod conn;
 mod dedicated;
 mod errors;
+mod fence;
 mod handoff;
 mod introspect;
 mod lazy;
@@ -342,6 +343,12 @@ impl Backend for PgBackend {
             let hold = at.hold.take();
             self.spares.acquire(&self.connector, at, ticket, hold).await
         }
+    }
+
+    /// On the side connection (the lock session only runs statements
+    /// that answer at once).
+    fn create_fence_table<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
+        async move { fence::create(&*self.probe(settings).await?).await }
     }
 
     fn holders<'a>(

@@ -131,4 +131,8 @@ impl Grant for SessionGrant {
     fn loss(&self) -> LossToken {
         LossToken::of(self.lost.clone())
     }
+
+    fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
+        super::fence::for_grant(self.release.peek(|r| r.lock.clone()), key)
+    }
 }

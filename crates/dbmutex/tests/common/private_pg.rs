@@ -325,6 +325,15 @@ impl PrivatePg {
         run(c, "pg_ctl restart", || self.log());
     }
 
+    /// Restarts the server as after a crash (`pg_ctl restart -m
+    /// immediate`: no checkpoint, recovery from the WAL on start) and waits
+    /// until it answers again. Blocking.
+    pub fn crash_restart(&self) {
+        let mut c = self.pg_ctl();
+        c.args(["-m", "immediate", "-w", "-t", "120", "restart"]);
+        run(c, "pg_ctl restart -m immediate", || self.log());
+    }
+
     /// Stops the server at once (`-m immediate`, as a crash would) and
     /// removes its directory. Idempotent; also what drop does.
     pub fn stop(&self) {

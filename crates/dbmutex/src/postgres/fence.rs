@@ -1,0 +1,117 @@
+//! Fencing tokens on PostgreSQL (see [`crate::fence`]): issued on the
+//! lock's own server session, guarded by its claim like every lock
+//! statement.
+
+use std::sync::Arc;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use super::conn::PgConn;
+use super::errors::{db_err, is_session_end};
+use super::session_lock::SessionLock;
+use crate::core::guard::BoxFuture;
+use crate::fence::{no_table_help, POSTGRES_TABLE};
+use crate::{Error, LockName, Result};
+
+/// One autocommit statement: the next token of `$1`, only on the server
+/// session this connection claimed (`$2`), where the lock is held. No row:
+/// a pooler moved us.
+///
+/// Only a holder of the lock updates its row, so the row lock is free but
+/// for someone else's transaction on the table (an operator's): then the
+/// statement gives up after 250 ms (55P03) rather than stall the
+/// shared lock session, whose keepalive probe would otherwise end it, and
+/// every lock on it. `lock_timeout` is set for this statement's implicit
+/// transaction, in its `WHERE`, which runs before the row is locked.
+const ISSUE: &str = "INSERT INTO dbmutex_fence AS f (lock_key, token) \
+     SELECT $1, 1 WHERE current_setting('dbmutex.owner', true) = $2 \
+     AND set_config('lock_timeout', '250ms', true) IS NOT NULL \
+     ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1 RETURNING f.token";
+
+/// The longest wait for the row (in [`ISSUE`]): under the keepalive probe's
+/// shortest answer bound (500 ms).
+#[cfg(test)]
+const ROW_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A grant's [`fence`](crate::core::guard::Grant::fence): `lock` is the
+/// grant's lock while it holds it.
+pub(crate) fn for_grant(lock: Option<SessionLock>, key: String) -> BoxFuture<Result<u64>> {
+    Box::pin(async move {
+        let lock = lock.ok_or_else(|| Error::Database("a fencing token for a released lock".into()))?;
+        issue(&lock.conn, &key, &lock.name).await
+    })
+}
+
+/// The next fencing token of `key`, issued on `conn`, which holds the lock
+/// on `name`; the table is created on first use.
+pub(crate) async fn issue(conn: &Arc<PgConn>, key: &str, name: &LockName) -> Result<u64> {
+    let lost = || Error::LockLost {
+        name: name.to_string(),
+    };
+    if conn.is_lost() {
+        return Err(lost());
+    }
+    let owner = conn.owner();
+    if owner.is_empty() {
+        // Unclaimed: the statement could land on any server session.
+        conn.moved();
+        return Err(lost());
+    }
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+        [(&key, Type::TEXT), (&owner, Type::TEXT)];
+    let mut created = false;
+    loop {
+        match conn.client.query_typed(ISSUE, &params).await {
+            Ok(rows) => {
+                let Some(row) = rows.first() else {
+                    conn.moved();
+                    return Err(lost());
+                };
+                let token: i64 = row.try_get(0).map_err(|e| Error::Database(Box::new(e)))?;
+                return u64::try_from(token).map_err(|_| {
+                    Error::Database(format!("dbmutex_fence holds a negative token for {key:?}").into())
+                });
+            }
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) && !created => {
+                create(conn).await?;
+                created = true;
+            }
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                return Err(Error::Config(no_table_help("write")))
+            }
+            Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => return Err(lost()),
+            Err(e) => return Err(db_err(e, name)),
+        }
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS`, which two sessions racing may both run:
+/// the loser fails on the catalog's unique index (23505) or finds the
+/// table (42P07); either way the table is there.
+pub(crate) async fn create(conn: &PgConn) -> Result<()> {
+    match conn.client.batch_execute(POSTGRES_TABLE).await {
+        Ok(()) => Ok(()),
+        Err(e)
+            if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
+                .iter()
+                .any(|c| e.code() == Some(c)) =>
+        {
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(Error::Config(no_table_help("create")))
+        }
+        Err(e) => Err(Error::Database(Box::new(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_row_wait_is_the_statements() {
+        let ms = super::ROW_WAIT.as_millis();
+        assert!(super::ISSUE.contains(&format!("'lock_timeout', '{ms}ms'")));
+        assert!(ms < 500, "under the keepalive probe's answer bound");
+    }
+}
