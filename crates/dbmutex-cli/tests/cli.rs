@@ -1241,10 +1241,15 @@ fn slots_cap_concurrent_runs(b: &Backend) {
         let script = format!("echo $DBMUTEX_SLOT > '{}'; exec sleep 30", f.display());
         holders.push(b.hold(&name, &["--slots", "2"], &script));
     }
-    let mut slots: Vec<String> = files
-        .iter()
-        .map(|f| std::fs::read_to_string(f).unwrap().trim().to_owned())
-        .collect();
+    // Written just after the command counts as started: wait for it.
+    let read = |f: &PathBuf| std::fs::read_to_string(f).ok().filter(|s| s.ends_with('\n'));
+    assert!(
+        eventually(Duration::from_secs(15), || files
+            .iter()
+            .all(|f| read(f).is_some())),
+        "the commands did not report their slots"
+    );
+    let mut slots: Vec<String> = files.iter().map(|f| read(f).unwrap().trim().to_owned()).collect();
     slots.sort();
     assert_eq!(slots, ["0", "1"], "each run its own slot");
     let out = b.run(&["run", "-n", "--slots", "2", &name, "--", "true"]);
