@@ -109,8 +109,9 @@ async fn sqlx_session_lock_on_a_pool_of_one() {
     assert!(free(&name).await);
 }
 
-/// A transaction lock and a session lock next to the app's own queries in
-/// the same transaction; the transaction's end releases the former.
+/// A transaction lock next to the app's own queries in their transaction
+/// (the session lock beside them: the pool-of-one test); the commit
+/// releases it, and outside a transaction it is refused.
 #[tokio::test]
 async fn sqlx_transaction_lock_beside_app_queries() {
     let pool = pool(2).await;
