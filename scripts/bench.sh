@@ -206,3 +206,14 @@ if $my_up; then
     m=$(median "${my_ratios[@]}")
     echo "  5. (median of $ROUNDS rounds) MySQL uncontended >= 0.9 x its floor: $m -> $(verdict "$m" 0.9)"
 fi
+
+# Issue #13: what a fenced acquisition costs beside an unfenced one (one
+# durable write per acquisition), on each backend.
+echo "== fencing tokens: uncontended, fenced vs unfenced (ratio_to_unfenced)"
+fenced() { # fenced LABEL URL
+    run --clients 1 --database-url "$2" --scenario uncontended --fenced | tee -a "$OUT/fenced.jsonl" |
+        jq -r --arg b "$1" 'select(.fenced == true) | "  \($b): fenced \(.ops_per_s | round)/s, p50 \(.p50_us) µs: \(.ratio_to_unfenced) x unfenced"'
+}
+fenced PostgreSQL "$PG_URL"
+if $my_up; then fenced MySQL "$MYSQL_URL"; fi
+fenced local "$LOCAL_URL"
