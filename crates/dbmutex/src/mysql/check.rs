@@ -92,6 +92,11 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>, every: Duration
         if seen.is_empty() {
             continue;
         }
+        // A lock held this long gets its session's watcher (pings after a
+        // quiet keepalive period, for a silent partition).
+        for x in &seen {
+            x.lc.ensure_watcher();
+        }
         // One retry at once on a fresh connection when the check's own
         // connection failed: it may have been killed.
         let mut checked = false;

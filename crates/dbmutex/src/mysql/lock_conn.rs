@@ -30,11 +30,19 @@ pub(super) struct LockConn {
     /// Kills the session from another connection when it must end.
     connector: Arc<Connector>,
     runtime: tokio::runtime::Handle,
+    /// The watcher runs (it starts only for a lock the loss check has seen
+    /// held, or on a poke: a lock held for a moment costs no task).
+    watching: AtomicBool,
+    /// When the session took its first lock: the watcher's first ping is
+    /// due a keepalive period after it, however late the watcher starts.
+    born: std::time::Instant,
+    keepalive: Duration,
 }
 
 impl LockConn {
-    /// Wraps a connection that just took its first lock, and starts its
-    /// watcher.
+    /// Wraps a connection that just took its first lock. Its watcher starts
+    /// later, if the lock is held long enough for the loss check to see it
+    /// ([`LockConn::ensure_watcher`]).
     pub(super) fn start(
         connector: &Arc<Connector>,
         runtime: &tokio::runtime::Handle,
@@ -42,7 +50,7 @@ impl LockConn {
         server_id: u64,
         keepalive: Duration,
     ) -> Arc<Self> {
-        let lc = Arc::new(LockConn {
+        Arc::new(LockConn {
             id: conn.id(),
             server_id,
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
@@ -53,9 +61,27 @@ impl LockConn {
             poke: Notify::new(),
             connector: connector.clone(),
             runtime: runtime.clone(),
-        });
-        drop(runtime.spawn(watch_conn(lc.clone(), keepalive, ping_timeout(keepalive))));
-        lc
+            watching: AtomicBool::new(false),
+            born: std::time::Instant::now(),
+            keepalive,
+        })
+    }
+
+    /// Starts the watcher unless it runs. The loss check calls this for
+    /// every lock it sees held (it looks every `check::interval`, at most
+    /// the keepalive period), so the first ping is still due a keepalive
+    /// period after the lock was taken.
+    pub(super) fn ensure_watcher(self: &Arc<Self>) {
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let first = self.keepalive.saturating_sub(self.born.elapsed());
+        drop(self.runtime.spawn(watch_conn(
+            self.clone(),
+            first,
+            self.keepalive,
+            ping_timeout(self.keepalive),
+        )));
     }
 
     /// The server's connection id.
@@ -76,7 +102,8 @@ impl LockConn {
     /// Pings the session now: the loss check could not reach the server, so
     /// the session may be gone too (a server restart closes every socket,
     /// and a ping on a closed socket fails at once).
-    pub(super) fn poke(&self) {
+    pub(super) fn poke(self: &Arc<Self>) {
+        self.ensure_watcher();
         self.poke.notify_one();
     }
 
@@ -185,13 +212,15 @@ impl Drop for Borrowed {
 /// Pings the session every `keepalive`; when a ping fails or gets no answer
 /// within `timeout`, closes the connection and reports its locks lost. Ends
 /// when the session is handed back or gone.
-async fn watch_conn(lc: Arc<LockConn>, keepalive: Duration, timeout: Duration) {
+async fn watch_conn(lc: Arc<LockConn>, first: Duration, keepalive: Duration, timeout: Duration) {
+    let mut wait = first;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(keepalive) => {}
+            () = tokio::time::sleep(wait) => {}
             () = lc.stop.notified() => return,
             () = lc.poke.notified() => {}
         }
+        wait = keepalive;
         let mut slot = lc.conn.lock().await;
         let Some(conn) = slot.as_mut() else { return };
         let alive = matches!(tokio::time::timeout(timeout, conn.ping()).await, Ok(Ok(())));
