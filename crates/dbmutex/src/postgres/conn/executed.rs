@@ -49,14 +49,17 @@ impl PgConn {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(&kind);
-        let sql = if prepared {
-            exec.clone()
-        } else {
+        // First use: the PREPARE goes in the same round trip as the EXECUTE.
+        let prepare = (!prepared).then(|| {
             let body = sql::prepared_body(call, mode, key, owner);
             let types = if kind.2 { "int8" } else { "int4, int4" };
             format!("PREPARE {name} ({types}) AS {body}; {exec}")
-        };
-        let msgs = match self.client.simple_query(&sql).await {
+        });
+        let msgs = match self
+            .client
+            .simple_query(prepare.as_deref().unwrap_or(&exec))
+            .await
+        {
             Ok(m) => m,
             // Left by an earlier PREPARE whose answer never came back.
             Err(e) if !prepared && e.code() == Some(&SqlState::DUPLICATE_PSTATEMENT) => {
@@ -69,10 +72,12 @@ impl PgConn {
             }
             Err(e) => return Err(e),
         };
-        self.executed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(kind);
+        if !prepared {
+            self.executed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(kind);
+        }
         self.heard_from_server();
         let first = msgs.iter().find_map(|m| match m {
             SimpleQueryMessage::Row(r) => Some(r.get(0) != Some("f")),
