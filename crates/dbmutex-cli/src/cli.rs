@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
 
-use crate::seconds::parse_seconds;
+use crate::seconds::{parse_seconds, parse_window};
 
 const AFTER_HELP: &str = "\
 Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
@@ -54,11 +54,12 @@ Examples:
   dbmutex status nightly-report
   dbmutex list --json
   dbmutex key nightly-report
-  dbmutex init                                       create the fencing table
+  dbmutex init                                       create dbmutex's tables
   dbmutex run --int 42 -- ./sync                     the gem's with_advisory_lock(42)
   dbmutex run --fence sync-42 -c './sync --fence \"$DBMUTEX_FENCE\"'
   dbmutex run --max-hold 3600 backup -- ./backup.sh  stopped if still running after 1 h
   dbmutex run --slots 3 render -- ./render.sh        at most 3 at once, fleet-wide
+  dbmutex run --once-per 1h report -- ./report.sh    at most once an hour, fleet-wide
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
   dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
 
@@ -136,12 +137,12 @@ pub enum Command {
     List(ListArgs),
     /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for names of 65 to 192 bytes).
     Key(KeyArgs),
-    /// Create the table that issues fencing tokens (run --fence) and print the grants an application role then needs.
+    /// Create the tables of fencing tokens (run --fence) and once-per-window runs (run --once-per) and print the grants an application role then needs.
     #[command(after_help = "For deployments whose application role may not create tables \
                             (PostgreSQL 15 lets no ordinary role create in schema public): run once as \
-                            a role that may. PostgreSQL creates dbmutex_fence in the current schema (the \
-                            first existing one of the search_path), MySQL/MariaDB in the URL's database. Roles that may create it \
-                            need no init: the table is created on first use. The local backend has \
+                            a role that may. PostgreSQL creates dbmutex_fence and dbmutex_runs in the current schema (the \
+                            first existing one of the search_path), MySQL/MariaDB in the URL's database. Roles that may create them \
+                            need no init: each table is created on first use. The local backend has \
                             nothing to create.")]
     Init,
     /// Print the shell completion script for SHELL to stdout.
@@ -237,6 +238,13 @@ pub struct RunArgs {
     /// holders at once (the command gets DBMUTEX_SLOT=0..N-1)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub slots: Option<u32>,
+
+    /// Run at most once per DURATION (3600, 90s, 30m, 1h, 1d) across every
+    /// host: under the lock, if NAME last started less than DURATION ago by
+    /// the database server's clock, do not run the command and exit with
+    /// the conflict status (-E), saying when and where it last ran
+    #[arg(long, value_name = "DURATION", value_parser = parse_window, conflicts_with_all = ["shared", "transaction", "slots"])]
+    pub once_per: Option<Duration>,
 
     /// Stop the command (as when the lock is lost) and exit 124 if it still
     /// holds the lock after SECONDS, so a hung job cannot hold it for ever

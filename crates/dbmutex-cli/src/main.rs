@@ -11,6 +11,7 @@ mod cli;
 mod docs;
 mod exit;
 mod init;
+mod once;
 mod report;
 mod run;
 mod say;

@@ -10,6 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::backend::Target;
 use crate::cli::{Global, IntArg, KeyArgs, ListArgs, StatusArgs};
 use crate::exit::{self, Failure};
+use crate::once;
 use crate::say::shown;
 
 /// Checks a lock name before anything connects. With `--int`, NAME is an
@@ -70,20 +71,33 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
     }
     let holders = locker.holders(name.clone()).await?;
     let state = if holders.is_empty() { "free" } else { "held" };
+    // The last once-per-window run, if any was recorded. A role that may
+    // not read the table still gets the lock's state.
+    let last_run = locker.last_run(name.clone()).await;
     let out = if args.json {
         let holders: Vec<Value> = holders.iter().map(|h| Value::Object(holder_json(h))).collect();
-        json_line(&json!({
+        let mut o = json!({
             "name": name_json(&name, &args.name),
             "backend": locker.backend().as_str(),
             "key": locker.key_of(name)?,
             "state": state,
             "held": !holders.is_empty(),
             "holders": holders,
-        }))
+            "last_run": last_run.as_ref().ok().and_then(|r| r.as_ref().map(once::json)),
+        });
+        if let Err(e) = &last_run {
+            o["last_run_error"] = json!(exit::describe(e));
+        }
+        json_line(&o)
     } else {
         let mut s = format!("{state}\n");
         for h in &holders {
             s.push_str(&format!("{}: {}\n", h.mode.as_str(), holder_text(h)));
+        }
+        match &last_run {
+            Ok(Some(last)) => s.push_str(&format!("{}\n", once::text(last))),
+            Ok(None) => {}
+            Err(e) => s.push_str(&format!("last run: unknown ({})\n", exit::describe(e))),
         }
         s
     };

@@ -3,6 +3,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
+use dbmutex::runs::Run;
 use dbmutex::{BackendKind, LockGuard, LockName, LockOptions, Locker, Mode};
 use tokio::process::Child;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -11,6 +12,7 @@ use crate::backend::Target;
 use crate::child::{self, Program};
 use crate::cli::{Global, RunArgs};
 use crate::exit::{self, Failure};
+use crate::once;
 use crate::report::{holders_text, valid_name};
 use crate::say::{secs, shown, Say};
 use crate::signals::Signals;
@@ -110,6 +112,20 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
             format!("lock {name} was lost before the command started; not running it"),
         ));
     }
+    let run = match args.once_per {
+        None => None,
+        Some(window) => match once::start(&guard, window, &name, busy).await {
+            Ok(Some(run)) => Some(run),
+            Ok(None) => {
+                let _ = release(guard).await;
+                return Ok(args.conflict_exit_code);
+            }
+            Err(f) => {
+                let _ = release(guard).await;
+                return Err(f);
+            }
+        },
+    };
 
     // With a terminal, dbmutex watches the command for stops (job control).
     // Listen before the command exists: a SIGCHLD from a stop that comes
@@ -174,7 +190,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         // error it stays armed, and stops the group when dbmutex exits.)
         guardian.disarm();
     }
-    finish(ended, guard, &name, say).await
+    finish(ended, guard, run, &name, say).await
 }
 
 /// The command from `-c` or the trailing arguments.
@@ -483,9 +499,20 @@ fn wait_result(r: std::io::Result<std::process::ExitStatus>) -> Result<std::proc
 async fn finish(
     ended: Result<Ended, Failure>,
     guard: LockGuard,
+    run: Option<Run>,
     name: &str,
     say: Say,
 ) -> Result<u8, Failure> {
+    // A once-per-window run's end, recorded while the lock is still held
+    // (a lost lock keeps the start only).
+    let code = match &ended {
+        Ok(Ended::Exited(code)) => Some(*code),
+        Ok(Ended::MaxHold) => Some(exit::MAX_HOLD),
+        _ => None,
+    };
+    if let (Some(run), Some(code)) = (&run, code) {
+        once::finish(&guard, run, code, name, say).await;
+    }
     let held_for = guard.held_for();
     let held_throughout = guard.is_held();
     let released = release(guard).await;

@@ -26,9 +26,47 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v.abs()))
 }
 
+/// Parses a window: seconds as [`parse_seconds`] (`3600`), or a number
+/// with one unit, `s`, `m`, `h` or `d` (`90s`, `30m`, `1h`, `1.5d`).
+pub fn parse_window(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (number, unit) = match t.char_indices().last() {
+        Some((i, c @ ('s' | 'm' | 'h' | 'd'))) => (&t[..i], c),
+        _ => (t, 's'),
+    };
+    let factor = match unit {
+        'm' => 60.0,
+        'h' => 3600.0,
+        'd' => 86400.0,
+        _ => 1.0,
+    };
+    let bad = |_| format!("not a duration: {t:?} (examples: 3600, 90s, 30m, 1h, 1d)");
+    let seconds = parse_seconds(number).map_err(bad)?;
+    let total = seconds.as_secs_f64() * factor;
+    if total > MAX_SECONDS {
+        return Err("more than ten years".into());
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_take_one_unit() {
+        assert_eq!(parse_window("3600"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_window("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_window("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window(" 1.5d "), Ok(Duration::from_secs(129_600)));
+        assert_eq!(parse_window("0"), Ok(Duration::ZERO));
+        for bad in [
+            "", "h", "1x", "1hh", "-1h", "1h30m", "nanh", "4000d", "1e300s",
+        ] {
+            assert!(parse_window(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn accepts_seconds_and_fractions() {

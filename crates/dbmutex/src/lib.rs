@@ -90,10 +90,12 @@ mod local;
 mod locker;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod once;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod redact;
+pub mod runs;
 mod settings;
 mod slots;
 mod types;

@@ -126,15 +126,14 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let name = name.into();
-        let mut me = HeldLock {
+        let me = HeldLock {
             name,
             mode: opts.mode,
             backend: self.backend(),
             fence: None,
             locker_id: self.engine.id(),
         };
-        let mut stack = current_locks();
-        if let Some(outer) = stack.iter().find(|h| h.is_same_lock(&me)) {
+        if let Some(outer) = current_locks().iter().find(|h| h.is_same_lock(&me)) {
             if opts.fenced && outer.fence.is_none() {
                 return Err(Error::Unsupported(format!(
                     "a fenced scoped call for {:?} inside an unfenced one for the same lock: \
@@ -147,17 +146,7 @@ impl Locker {
         let Some(guard) = self.acquire(me.name.clone(), opts).await? else {
             return Ok(Outcome::NotAcquired);
         };
-        me.fence = guard.fence();
-        let lost = guard.lost();
-        stack.push(me);
-        let run = scope::within(stack, async {
-            tokio::select! {
-                biased;
-                v = f() => Some(v),
-                () = lost => None,
-            }
-        });
-        match run.await {
+        match self.within(&guard, f).await {
             Some(v) => {
                 if let Err(e) = guard.release().await {
                     // The work is done and the connection is closed, so the
@@ -166,24 +155,55 @@ impl Locker {
                 }
                 Ok(Outcome::Acquired(v))
             }
-            None if guard.max_hold_exceeded() && guard.is_held() => {
-                let name = guard.name().to_string();
-                tracing::warn!(name = %name, "dbmutex: scoped call held its lock past max_hold; the work was stopped");
-                if let Err(e) = guard.release().await {
-                    tracing::warn!(error = %e, "dbmutex: unlock after max_hold failed");
-                }
-                Err(Error::MaxHoldExceeded {
-                    name,
-                    max_hold: opts.max_hold.unwrap_or_default(),
-                })
-            }
-            None => {
-                let name = guard.name().to_string();
-                tracing::warn!(name = %name, "dbmutex: lock lost during a scoped call; the work was stopped");
-                drop(guard);
-                Err(Error::LockLost { name })
-            }
+            None => Err(Self::stopped(guard, opts).await),
         }
+    }
+
+    /// Runs `work` as the scoped call that holds `guard` (on this task's
+    /// [`current_locks`] for its duration); `None` when the lock was lost,
+    /// or the hold passed its `max_hold`, first (`work` is then dropped).
+    pub(crate) async fn within<T, F, Fut>(&self, guard: &LockGuard, work: F) -> Option<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut stack = current_locks();
+        stack.push(HeldLock {
+            name: guard.name().clone(),
+            mode: guard.mode(),
+            backend: self.backend(),
+            fence: guard.fence(),
+            locker_id: self.engine.id(),
+        });
+        let lost = guard.lost();
+        scope::within(stack, async {
+            tokio::select! {
+                biased;
+                v = work() => Some(v),
+                () = lost => None,
+            }
+        })
+        .await
+    }
+
+    /// Why a scoped call's work was stopped ([`Locker::within`] gave
+    /// `None`): past `max_hold` the lock is released, then
+    /// [`Error::MaxHoldExceeded`]; else it was lost, [`Error::LockLost`].
+    pub(crate) async fn stopped(guard: LockGuard, opts: &LockOptions) -> Error {
+        let name = guard.name().to_string();
+        if guard.max_hold_exceeded() && guard.is_held() {
+            tracing::warn!(name = %name, "dbmutex: scoped call held its lock past max_hold; the work was stopped");
+            if let Err(e) = guard.release().await {
+                tracing::warn!(error = %e, "dbmutex: unlock after max_hold failed");
+            }
+            return Error::MaxHoldExceeded {
+                name,
+                max_hold: opts.max_hold.unwrap_or_default(),
+            };
+        }
+        tracing::warn!(name = %name, "dbmutex: lock lost during a scoped call; the work was stopped");
+        drop(guard);
+        Error::LockLost { name }
     }
 
     /// As [`Locker::with_lock`], but "not acquired" is
@@ -269,13 +289,21 @@ impl Locker {
         self.engine.list().await
     }
 
-    /// Creates the table that issues fencing tokens
-    /// ([`LockOptions::fenced`]; see [`crate::fence`]) if it is missing:
-    /// for deployments whose application role may not create tables, run
-    /// once by a role that may (`dbmutex init` does). The local backend
-    /// has nothing to create.
-    pub async fn create_fence_table(&self) -> Result<()> {
-        self.engine.create_fence_table().await
+    /// Creates the tables dbmutex keeps on the server if they are missing:
+    /// `dbmutex_fence`, which issues fencing tokens ([`LockOptions::fenced`];
+    /// see [`crate::fence`]), and `dbmutex_runs`, which records
+    /// once-per-window runs ([`crate::runs`]). For deployments whose
+    /// application role may not create tables, run once by a role that may
+    /// (`dbmutex init` does). The local backend has nothing to create.
+    pub async fn create_tables(&self) -> Result<()> {
+        self.engine.create_tables().await
+    }
+
+    /// The last once-per-window run recorded for `name`
+    /// ([`Locker::once_per`], `dbmutex run --once-per`; see [`crate::runs`]),
+    /// read without taking the lock: `None` if none was ever recorded.
+    pub async fn last_run(&self, name: impl Into<LockName>) -> Result<Option<crate::runs::LastRun>> {
+        self.engine.last_run(name.into()).await
     }
 
     /// The database key `name` maps to on this locker's backend and prefix.

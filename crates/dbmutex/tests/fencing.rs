@@ -352,7 +352,7 @@ async fn cancelled_fenced_acquires_leave_nothing_held() {
 
 /// Least privilege on PostgreSQL: a role that may not create the table is
 /// told to run `dbmutex init` (and left holding nothing); once a role that
-/// may has created it (`Locker::create_fence_table`, what `dbmutex init`
+/// may has created it (`Locker::create_tables`, what `dbmutex init`
 /// runs) and granted SELECT, INSERT, UPDATE as documented, it gets tokens.
 #[tokio::test]
 async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
@@ -379,11 +379,8 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
     assert!(common::free_for(&Backend::Postgres.locker().await, &name).await);
 
     let admin = pg_in_schema(&schema).await;
-    admin.create_fence_table().await.unwrap();
-    admin
-        .create_fence_table()
-        .await
-        .expect("again: already there is fine");
+    admin.create_tables().await.unwrap();
+    admin.create_tables().await.expect("again: already there is fine");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
     assert!(
         matches!(&err, Error::Config(m) if m.contains("write")),
@@ -443,7 +440,7 @@ async fn mysql_least_privilege_needs_init_and_the_documented_grants() {
     let admin = Backend::Mysql
         .connect(Locker::builder(&format!("mysql://root@{rest}/{db}")))
         .await;
-    admin.create_fence_table().await.unwrap();
+    admin.create_tables().await.unwrap();
     raw.query_drop(format!(
         "GRANT SELECT, INSERT, UPDATE ON {db}.dbmutex_fence TO '{user}'@'%'"
     ))

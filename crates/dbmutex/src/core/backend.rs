@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::arbiter::{Arbiter, Hold, Slot, SlotExt};
 use super::guard::Grant;
+use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Result};
@@ -158,11 +159,23 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         }
     }
 
-    /// Creates what fencing tokens need on the server (the table of
-    /// [`crate::fence`]), for a role that may; the locks' own roles then
-    /// need only the grants. Nothing to create is `Ok`.
-    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        async { Err(Error::Unsupported("this backend issues no fencing tokens".into())) }
+    /// Creates the tables fencing tokens and once-per-window runs need on
+    /// the server ([`crate::fence`], [`crate::runs`]), for a role that may;
+    /// the locks' own roles then need only the grants. Nothing to create
+    /// is `Ok`.
+    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        async { Err(Error::Unsupported("this backend keeps no tables".into())) }
+    }
+
+    /// The last run recorded for `key` ([`crate::runs`]), read without the
+    /// lock; `None` if it never ran (or the table does not exist yet).
+    fn last_run<'a>(
+        &'a self,
+        _name: &'a LockName,
+        _key: &'a Self::Key,
+        _settings: &'a Settings,
+    ) -> impl Fut<'a, Option<LastRun>> {
+        async { Err(Error::Unsupported("this backend records no runs".into())) }
     }
 
     /// Who holds `key` now.

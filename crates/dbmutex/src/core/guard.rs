@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::loss::LossToken;
 use super::metrics::{Hold, Labels};
-use crate::{LockName, Mode, Result};
+use crate::runs::{Run, RunStart, Who};
+use crate::{Error, LockName, Mode, Result};
 
 /// A boxed, sendable future.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -40,8 +41,24 @@ pub(crate) trait Grant: Send + Sync + 'static {
     /// [`LockOptions::fenced`](crate::LockOptions::fenced) asks; a backend
     /// that cannot says [`Capabilities::fencing`](crate::Capabilities) = false.
     fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
-        Box::pin(std::future::ready(Err(crate::Error::Unsupported(
+        Box::pin(std::future::ready(Err(Error::Unsupported(
             "this backend issues no fencing tokens".into(),
+        ))))
+    }
+
+    /// Reads this lock's last run and, if none started within `window` (by
+    /// the server's clock), records a start by `who`; both on the lock's
+    /// own session while it holds the lock (see [`crate::runs`]).
+    fn start_run(&self, _window: Duration, _who: Who) -> BoxFuture<Result<RunStart>> {
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "once-per-window runs need an exclusive session lock".into(),
+        ))))
+    }
+
+    /// Records the end of `run`, started under this hold.
+    fn finish_run(&self, _run: u64, _exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        Box::pin(std::future::ready(Err(Error::Unsupported(
+            "once-per-window runs need an exclusive session lock".into(),
         ))))
     }
 }
@@ -122,6 +139,52 @@ impl LockGuard {
     /// docs, "Fencing tokens", and [`fence`](crate::fence)).
     pub fn fence(&self) -> Option<u64> {
         self.fence
+    }
+
+    /// Starts a once-per-window run under this lock: `RunStart::NotDue`
+    /// (nothing recorded) if the name's last run started less than `window`
+    /// ago by the server's clock, else `RunStart::Due` with its start
+    /// recorded (time, host, process id). See [`crate::runs`];
+    /// [`Locker::once_per`](crate::Locker::once_per) wraps it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a shared or transaction-level lock (it
+    /// does not exclude other starters); [`Error::LockLost`] if the lock is
+    /// no longer held; [`Error::Config`] if the table is missing and this
+    /// role may not create it.
+    pub async fn start_run(&self, window: Duration) -> Result<RunStart> {
+        let grant = self.live_exclusive()?;
+        grant.start_run(window, Who::me()).await
+    }
+
+    /// Records the end of `run` (from [`LockGuard::start_run`] on this
+    /// guard) with the job's exit status, if it has one. Call it before the
+    /// lock is released.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] if the lock is no longer held (the record then
+    /// keeps the start only).
+    pub async fn finish_run(&self, run: &Run, exit_code: Option<i32>) -> Result<()> {
+        let grant = self.live_exclusive()?;
+        grant.finish_run(run.run, exit_code).await
+    }
+
+    /// The grant, if it still holds an exclusive lock.
+    fn live_exclusive(&self) -> Result<&dyn Grant> {
+        if self.mode != Mode::Exclusive {
+            return Err(Error::Unsupported(
+                "once-per-window runs need an exclusive lock: shared holders do not exclude each other"
+                    .into(),
+            ));
+        }
+        match &self.grant {
+            Some(g) if self.is_held() => Ok(g.as_ref()),
+            _ => Err(Error::LockLost {
+                name: self.name.to_string(),
+            }),
+        }
     }
 
     /// How long the lock has been held.

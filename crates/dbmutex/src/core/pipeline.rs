@@ -15,6 +15,7 @@ use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
 use super::loss::LossToken;
 use super::metrics::{Attempt as Measured, Labels, Outcome};
 use super::wait::{self, Backoff};
+use crate::runs::{LastRun, RunStart, Who};
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
@@ -31,7 +32,8 @@ pub(crate) trait Engine: Send + Sync {
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
     fn key_of(&self, name: &LockName) -> Result<String>;
-    fn create_fence_table(&self) -> BoxFut<'_, Result<()>>;
+    fn create_tables(&self) -> BoxFut<'_, Result<()>>;
+    fn last_run(&self, name: LockName) -> BoxFut<'_, Result<Option<LastRun>>>;
 }
 
 /// The pipeline over one backend.
@@ -289,6 +291,14 @@ impl Grant for Permitted {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         self.grant.fence(key)
     }
+
+    fn start_run(&self, window: std::time::Duration, who: Who) -> BoxFuture<Result<RunStart>> {
+        self.grant.start_run(window, who)
+    }
+
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        self.grant.finish_run(run, exit_code)
+    }
 }
 
 impl<B: Backend> Engine for Pipeline<B> {
@@ -337,8 +347,16 @@ impl<B: Backend> Engine for Pipeline<B> {
         Ok(self.backend.key_text(&self.backend.key(name, &self.settings)?))
     }
 
-    fn create_fence_table(&self) -> BoxFut<'_, Result<()>> {
-        Box::pin(self.backend.create_fence_table(&self.settings))
+    fn create_tables(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.backend.create_tables(&self.settings))
+    }
+
+    fn last_run(&self, name: LockName) -> BoxFut<'_, Result<Option<LastRun>>> {
+        Box::pin(async move {
+            name.validate()?;
+            let key = self.backend.key(&name, &self.settings)?;
+            self.backend.last_run(&name, &key, &self.settings).await
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use super::file::io_error;
 use crate::Result;
 
 /// `<lock file><suffix>`.
-fn beside(lock: &Path, suffix: &str) -> PathBuf {
+pub(super) fn beside(lock: &Path, suffix: &str) -> PathBuf {
     let mut p = OsString::from(lock.as_os_str());
     p.push(suffix);
     PathBuf::from(p)
@@ -34,25 +34,32 @@ pub(super) fn issue(lock: &Path) -> Result<u64> {
         Err(e) => return Err(io_error(format!("cannot read fence file {}", path.display()), e)),
     };
     let next = last + 1;
-    let tmp = beside(lock, ".fence.tmp");
-    let replaced = write_synced(&tmp, &format!("{next}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    replace(lock, ".fence", &format!("{next}\n"))?;
+    Ok(next)
+}
+
+/// Replaces `<lock><suffix>` with `text` durably: write a temporary file,
+/// `fsync` it, rename it over, `fsync` the directory. Blocking.
+pub(super) fn replace(lock: &Path, suffix: &str, text: &str) -> Result<()> {
+    let path = beside(lock, suffix);
+    let tmp = beside(lock, &format!("{suffix}.tmp"));
+    let replaced = write_synced(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = replaced {
         // Not left for the next holder, who may be another user unable to
         // truncate it (a shared directory).
         let _ = std::fs::remove_file(&tmp);
-        return Err(io_error(format!("cannot write fence file {}", path.display()), e));
+        return Err(io_error(format!("cannot write {}", path.display()), e));
     }
     match path.parent() {
         Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
         None => Ok(()),
     }
-    .map_err(|e| io_error(format!("cannot sync the directory of {}", path.display()), e))?;
-    Ok(next)
+    .map_err(|e| io_error(format!("cannot sync the directory of {}", path.display()), e))
 }
 
 /// The directory may be shared with other users: a symlink is never
 /// followed (`O_NOFOLLOW`), as for lock files.
-fn read(path: &Path) -> io::Result<String> {
+pub(super) fn read(path: &Path) -> io::Result<String> {
     let mut text = String::new();
     OpenOptions::new()
         .read(true)

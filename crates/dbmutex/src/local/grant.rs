@@ -4,12 +4,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::fence;
 use super::file::{blocking, io_error, LockFile};
+use super::{fence, runs};
 use crate::core::arbiter::Hold;
 use crate::core::guard::{BoxFuture, Grant};
 use crate::core::loss::LossToken;
+use crate::runs::{RunStart, Who};
 use crate::Result;
+use std::time::Duration;
 
 /// A held lock file: its descriptor and its in-process hold. Dropped, it
 /// unlocks at once (a file lock needs no round trip).
@@ -58,9 +60,34 @@ impl Grant for FileGrant {
     }
 
     fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
+        self.beside(fence::issue)
+    }
+
+    fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
+        self.beside(move |path| runs::start(path, window, &who))
+    }
+
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        self.beside(move |path| runs::finish(path, run, exit_code))
+    }
+}
+
+impl FileGrant {
+    /// Runs `work` on the lock file's path on the blocking pool, keeping the
+    /// file (and so the lock) until it is done, even if the grant is
+    /// released or dropped meanwhile.
+    fn beside<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&std::path::Path) -> Result<T> + Send + 'static,
+    ) -> BoxFuture<Result<T>> {
         let (path, file) = (self.path.clone(), self.file.clone());
         Box::pin(blocking(move || {
-            let r = fence::issue(&path);
+            if file.is_none() {
+                return Err(crate::Error::LockLost {
+                    name: path.display().to_string(),
+                });
+            }
+            let r = work(&path);
             drop(file);
             r
         }))

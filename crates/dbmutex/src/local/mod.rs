@@ -63,6 +63,7 @@ mod file;
 mod grant;
 mod note;
 mod proc_locks;
+mod runs;
 mod turns;
 
 use std::path::{Path, PathBuf};
@@ -240,9 +241,19 @@ impl Backend for LocalBackend {
         }
     }
 
-    /// Fence files appear beside the lock files: nothing to create.
-    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+    /// Fence and run files appear beside the lock files: nothing to create.
+    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
         std::future::ready(Ok(()))
+    }
+
+    fn last_run<'a>(
+        &'a self,
+        _name: &'a LockName,
+        key: &'a String,
+        _settings: &'a Settings,
+    ) -> impl Fut<'a, Option<crate::runs::LastRun>> {
+        let path = self.dir.join(key);
+        blocking(move || Ok(runs::last(&path)?.map(|(last, _)| last)))
     }
 
     fn is_locked<'a>(

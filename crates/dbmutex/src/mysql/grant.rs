@@ -17,6 +17,7 @@ use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, Grant};
 use crate::core::loss::LossToken;
+use crate::runs::{RunStart, Who};
 use crate::{Error, LockName, Result};
 
 /// `RELEASE_LOCK` for the session's last lock, then `RELEASE_ALL_LOCKS` as
@@ -104,21 +105,50 @@ impl Grant for MyGrant {
     }
 
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
+        self.on_session("a fencing token", move |lc, lock, name| {
+            super::fence::issue(lc, key, lock, name)
+        })
+    }
+
+    fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
+        self.on_session("a run", move |lc, lock, name| {
+            super::runs::start(lc, lock, name, window, who)
+        })
+    }
+
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        self.on_session("a run", move |lc, lock, name| {
+            super::runs::finish(lc, lock, name, run, exit_code)
+        })
+    }
+}
+
+impl MyGrant {
+    /// Runs `work` on the lock's session while this grant holds it:
+    /// spawned, as the release is, since a statement cut off midway would
+    /// leave the session's protocol state unknown.
+    fn on_session<T, F, Fut>(&self, what: &str, work: F) -> BoxFuture<Result<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<LockConn>, String, LockName) -> Fut,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
         let held = self.release.peek(|r| {
             let runtime = r.shared.runtime.clone();
             (runtime, r.lc.clone(), r.lock.clone(), r.name.clone())
         });
         let Some((runtime, lc, lock, name)) = held else {
             return Box::pin(std::future::ready(Err(Error::Database(
-                "a fencing token for a released lock".into(),
+                format!("{what} for a released lock").into(),
             ))));
         };
-        // Spawned, as the release is: a statement cut off midway would
-        // leave the session's protocol state unknown.
-        let task = runtime.spawn(super::fence::issue(lc, key, lock, name));
+        let task = runtime.spawn(work(lc, lock, name));
         Box::pin(async move {
-            task.await
-                .unwrap_or_else(|_| Err(Error::Database("the fencing task ended unexpectedly".into())))
+            task.await.unwrap_or_else(|_| {
+                Err(Error::Database(
+                    "a task on the lock's connection ended unexpectedly".into(),
+                ))
+            })
         })
     }
 }

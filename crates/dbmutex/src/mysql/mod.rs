@@ -151,6 +151,7 @@ mod introspect;
 mod lock_conn;
 mod nested;
 mod registry;
+mod runs;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -169,6 +170,7 @@ use crate::core::arbiter::{Arbiter, Hold};
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
 use crate::core::guard::Grant;
 use crate::key::MysqlFlavour;
+use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
 use crate::{BackendKind, Error, LockName, LockOptions, Result};
@@ -380,7 +382,16 @@ impl Backend for MyBackend {
         introspect::list_with_own(&self.shared, settings)
     }
 
-    fn create_fence_table<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        fence::create_table(&self.shared.connector)
+    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+        fence::create_tables(&self.shared.connector)
+    }
+
+    fn last_run<'a>(
+        &'a self,
+        name: &'a LockName,
+        key: &'a String,
+        _settings: &'a Settings,
+    ) -> impl Fut<'a, Option<LastRun>> {
+        runs::last(&self.shared.connector, key, name)
     }
 }

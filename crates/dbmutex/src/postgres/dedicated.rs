@@ -4,6 +4,7 @@
 //! shared lock session; and the idle connections kept for the next one.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::budget;
 use super::conn::{Connector, PgConn, Text};
@@ -21,6 +22,7 @@ use crate::core::idle::{Idle, Reusable};
 use crate::core::loss::LossToken;
 use crate::core::wait;
 use crate::key::PgKey;
+use crate::runs::{RunStart, Who};
 use crate::settings::Settings;
 use crate::{Error, LockName, LockOptions, Result};
 
@@ -373,5 +375,20 @@ impl Grant for DedicatedGrant {
     /// with their transaction): this is a session lock, in autocommit.
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         super::fence::for_grant(self.held.peek(|d| d.lock.clone()), key)
+    }
+
+    /// A transaction lock's run would be recorded in (and roll back with)
+    /// its transaction, and ends at its commit: refused.
+    fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
+        match self.held.peek(|d| d.xact) {
+            Some(true) => Box::pin(std::future::ready(Err(Error::Unsupported(
+                "once-per-window runs need a session lock, not transaction(true)".into(),
+            )))),
+            _ => super::runs::start_for_grant(self.held.peek(|d| d.lock.clone()), window, who),
+        }
+    }
+
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        super::runs::finish_for_grant(self.held.peek(|d| d.lock.clone()), run, exit_code)
     }
 }

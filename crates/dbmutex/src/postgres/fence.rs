@@ -46,18 +46,7 @@ pub(crate) fn for_grant(lock: Option<SessionLock>, key: String) -> BoxFuture<Res
 /// The next fencing token of `key`, issued on `conn`, which holds the lock
 /// on `name`; the table is created on first use.
 pub(crate) async fn issue(conn: &Arc<PgConn>, key: &str, name: &LockName) -> Result<u64> {
-    let lost = || Error::LockLost {
-        name: name.to_string(),
-    };
-    if conn.is_lost() {
-        return Err(lost());
-    }
-    let owner = conn.owner();
-    if owner.is_empty() {
-        // Unclaimed: the statement could land on any server session.
-        conn.moved();
-        return Err(lost());
-    }
+    let owner = claimed(conn, name)?;
     let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
         [(&key, Type::TEXT), (&owner, Type::TEXT)];
     let mut created = false;
@@ -66,23 +55,70 @@ pub(crate) async fn issue(conn: &Arc<PgConn>, key: &str, name: &LockName) -> Res
             Ok(rows) => {
                 let Some(row) = rows.first() else {
                     conn.moved();
-                    return Err(lost());
+                    return Err(lost(name));
                 };
                 let token: i64 = row.try_get(0).map_err(|e| Error::Database(Box::new(e)))?;
                 return u64::try_from(token).map_err(|_| {
                     Error::Database(format!("dbmutex_fence holds a negative token for {key:?}").into())
                 });
             }
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) && !created => {
-                create(conn).await?;
-                created = true;
-            }
-            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                return Err(Error::Config(no_table_help("write")))
-            }
-            Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => return Err(lost()),
-            Err(e) => return Err(db_err(e, name)),
+            Err(e) => match failed(e, conn, name, no_table_help) {
+                Failed::NoTable(_) if !created => {
+                    create(conn).await?;
+                    created = true;
+                }
+                Failed::NoTable(e) | Failed::Other(e) => return Err(e),
+            },
         }
+    }
+}
+
+pub(super) fn lost(name: &LockName) -> Error {
+    Error::LockLost {
+        name: name.to_string(),
+    }
+}
+
+/// The claim token of `conn`, which must still hold the lock on `name`:
+/// a statement guarded by it only runs on the server session that holds
+/// the lock.
+pub(super) fn claimed(conn: &Arc<PgConn>, name: &LockName) -> Result<String> {
+    if conn.is_lost() {
+        return Err(lost(name));
+    }
+    let owner = conn.owner();
+    if owner.is_empty() {
+        // Unclaimed: the statement could land on any server session.
+        conn.moved();
+        return Err(lost(name));
+    }
+    Ok(owner.to_string())
+}
+
+/// How a statement on the lock session of `name` failed.
+pub(super) enum Failed {
+    /// Its table does not exist (yet); the error, if it stays so.
+    NoTable(Error),
+    Other(Error),
+}
+
+/// Sorts a failed statement on the lock session: the table is missing, the
+/// role may not write it (`help` says what to do), the session is gone (the
+/// lock with it), or a database error.
+pub(super) fn failed(
+    e: tokio_postgres::Error,
+    conn: &PgConn,
+    name: &LockName,
+    help: fn(&str) -> String,
+) -> Failed {
+    if e.code() == Some(&SqlState::UNDEFINED_TABLE) {
+        Failed::NoTable(db_err(e, name))
+    } else if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        Failed::Other(Error::Config(help("write")))
+    } else if e.is_closed() || conn.is_lost() || is_session_end(&e) {
+        Failed::Other(lost(name))
+    } else {
+        Failed::Other(db_err(e, name))
     }
 }
 
@@ -90,7 +126,12 @@ pub(crate) async fn issue(conn: &Arc<PgConn>, key: &str, name: &LockName) -> Res
 /// the loser fails on the catalog's unique index (23505) or finds the
 /// table (42P07); either way the table is there.
 pub(crate) async fn create(conn: &PgConn) -> Result<()> {
-    match conn.client.batch_execute(POSTGRES_TABLE).await {
+    create_table(conn, POSTGRES_TABLE, no_table_help).await
+}
+
+/// [`create`] for any of dbmutex's tables.
+pub(super) async fn create_table(conn: &PgConn, sql: &str, help: fn(&str) -> String) -> Result<()> {
+    match conn.client.batch_execute(sql).await {
         Ok(()) => Ok(()),
         Err(e)
             if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
@@ -99,9 +140,7 @@ pub(crate) async fn create(conn: &PgConn) -> Result<()> {
         {
             Ok(())
         }
-        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            Err(Error::Config(no_table_help("create")))
-        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Err(Error::Config(help("create"))),
         Err(e) => Err(Error::Database(Box::new(e))),
     }
 }

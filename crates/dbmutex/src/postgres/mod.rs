@@ -45,6 +45,7 @@ mod introspect;
 mod lazy;
 mod names;
 mod pooler;
+mod runs;
 mod session;
 mod session_lock;
 mod sql;
@@ -70,6 +71,7 @@ use crate::core::arbiter::Slot;
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
 use crate::core::guard::Grant;
 use crate::key::{pg_key, PgKey};
+use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{Capabilities, Holder, ListedLock};
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result, WaitStrategy};
@@ -347,8 +349,21 @@ impl Backend for PgBackend {
 
     /// On the side connection (the lock session only runs statements
     /// that answer at once).
-    fn create_fence_table<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
-        async move { fence::create(&*self.probe(settings).await?).await }
+    fn create_tables<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
+        async move {
+            let conn = self.probe(settings).await?;
+            fence::create(&conn).await?;
+            fence::create_table(&conn, crate::runs::POSTGRES_TABLE, crate::runs::no_table_help).await
+        }
+    }
+
+    fn last_run<'a>(
+        &'a self,
+        name: &'a LockName,
+        key: &'a PgKey,
+        settings: &'a Settings,
+    ) -> impl Fut<'a, Option<LastRun>> {
+        async move { runs::last(&*self.probe(settings).await?, &key.to_string(), name).await }
     }
 
     fn holders<'a>(

@@ -14,7 +14,9 @@ use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, Grant};
 use crate::core::loss::LossToken;
+use crate::runs::{RunStart, Who};
 use crate::{Mode, Result};
+use std::time::Duration;
 
 /// A session lock held on the shared lock session.
 pub(crate) struct SessionGrant {
@@ -134,5 +136,13 @@ impl Grant for SessionGrant {
 
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         super::fence::for_grant(self.release.peek(|r| r.lock.clone()), key)
+    }
+
+    fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
+        super::runs::start_for_grant(self.release.peek(|r| r.lock.clone()), window, who)
+    }
+
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
+        super::runs::finish_for_grant(self.release.peek(|r| r.lock.clone()), run, exit_code)
     }
 }

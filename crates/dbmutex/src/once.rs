@@ -1,0 +1,86 @@
+//! [`Locker::once_per`]: a scoped call that runs at most once per window
+//! across every process and host that shares the lock (see [`crate::runs`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::runs::{OncePer, RunStart};
+use crate::{Error, LockName, LockOptions, Locker, Mode, Result};
+
+impl Locker {
+    /// Runs `f` under the lock `name` unless its last run (by this call, or
+    /// `dbmutex run --once-per`, anywhere) started less than `window` ago by
+    /// the server's clock. The start is recorded before `f` runs, its end
+    /// (exit status 0) after, both while the lock is held; see
+    /// [`crate::runs`].
+    ///
+    /// - [`OncePer::NotDue`] when the last run is too recent (`f` did not
+    ///   run; it says when and where that run started);
+    /// - [`OncePer::NotAcquired`] when the lock was not acquired within the
+    ///   wait `opts` sets — usually another worker running it now; with the
+    ///   default (wait for ever) a worker that waited then finds the run
+    ///   done and gets `NotDue`;
+    /// - a scoped call otherwise, as [`Locker::with_lock`]: a nested call
+    ///   for the same name in `f` is re-entrant, a lost lock stops `f` with
+    ///   [`Error::LockLost`](crate::Error::LockLost) (the record then keeps
+    ///   the start only), `max_hold` with
+    ///   [`Error::MaxHoldExceeded`](crate::Error::MaxHoldExceeded).
+    ///
+    /// Exclusive session locks only: `shared(true)` or `transaction(true)`
+    /// is [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `f` and releases the lock; a start already
+    /// recorded stays recorded (the window is used up), with no end.
+    pub async fn once_per<T, F, Fut>(
+        &self,
+        name: impl Into<LockName>,
+        window: Duration,
+        opts: &LockOptions,
+        f: F,
+    ) -> Result<OncePer<T>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        if opts.mode == Mode::Shared || opts.transaction {
+            return Err(Error::Unsupported(
+                "once-per-window runs need an exclusive session lock (not shared(true) or transaction(true))"
+                    .into(),
+            ));
+        }
+        let Some(guard) = self.acquire(name, opts).await? else {
+            return Ok(OncePer::NotAcquired);
+        };
+        let run = match guard.start_run(window).await {
+            Ok(RunStart::Due(run)) => run,
+            Ok(RunStart::NotDue(last)) => {
+                release(guard).await;
+                return Ok(OncePer::NotDue(last));
+            }
+            Err(e) => {
+                release(guard).await;
+                return Err(e);
+            }
+        };
+        match self.within(&guard, f).await {
+            Some(v) => {
+                if let Err(e) = guard.finish_run(&run, Some(0)).await {
+                    tracing::warn!(name = %guard.name(), error = %e, "dbmutex: could not record the end of a run");
+                }
+                release(guard).await;
+                Ok(OncePer::Ran(v))
+            }
+            None => Err(Self::stopped(guard, opts).await),
+        }
+    }
+}
+
+/// Releases after the work, whose outcome stands either way: a failed
+/// release has closed the connection, so the server freed the lock.
+async fn release(guard: crate::LockGuard) {
+    if let Err(e) = guard.release().await {
+        tracing::warn!(error = %e, "dbmutex: unlock after a once-per-window call failed");
+    }
+}
