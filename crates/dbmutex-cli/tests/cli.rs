@@ -1639,6 +1639,103 @@ fn init_prepares_fencing(b: &Backend) {
         _ => "SELECT group_concat(column_name ORDER BY ordinal_position) FROM information_schema.columns WHERE table_name = 'dbmutex_fence' AND table_schema = database()",
     };
     assert_eq!(b.sql(columns), "lock_key,token", "[{}]", b.kind);
+    assert_eq!(
+        b.sql(&columns.replace("dbmutex_fence", "dbmutex_runs")),
+        "lock_key,lock_name,run,started_at,host,pid,finished_at,exit_code",
+        "[{}]",
+        b.kind
+    );
+}
+
+/// `--once-per`: 8 processes on one "cron tick" (started within 1 s) run
+/// the command exactly once; the other 7 exit 75 saying when and where it
+/// last ran; `status` shows the run and its exit status; `-E 0` skips
+/// quietly; a window of 0 always runs, and a failed run's status is kept.
+fn once_per_runs_once_per_tick(b: &Backend) {
+    let name = b.name("once");
+    let ran = b.marker(&format!("ran-{}", unique()));
+    let script = format!("echo $$ >> '{}'; sleep 0.3", ran.display());
+    let first = Instant::now();
+    let procs: Vec<Child> = (0..8)
+        .map(|_| {
+            b.cmd(&["run", "--once-per", "1h", &name, "--", "sh", "-c", &script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start dbmutex")
+        })
+        .collect();
+    let tick = first.elapsed();
+    assert!(tick < Duration::from_secs(1), "8 starts took {tick:?}");
+    let outs: Vec<Output> = procs.into_iter().map(|p| p.wait_with_output().unwrap()).collect();
+    let mut codes: Vec<i32> = outs.iter().map(code).collect();
+    codes.sort();
+    assert_eq!(codes, [0, 75, 75, 75, 75, 75, 75, 75], "[{}] {outs:?}", b.kind);
+    let lines = std::fs::read_to_string(&ran).unwrap();
+    assert_eq!(lines.lines().count(), 1, "[{}] ran {lines:?}", b.kind);
+    let skipped = outs.iter().find(|o| code(o) == 75).unwrap();
+    let said = stderr(skipped);
+    assert!(
+        said.contains("last started at") && said.contains("once per 1 h") && said.contains("not running"),
+        "[{}] {said}",
+        b.kind
+    );
+
+    let out = b.run(&["status", "--json", &name]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let last = &v["last_run"];
+    assert_eq!(
+        (last["run"].as_u64(), last["exit_code"].as_i64()),
+        (Some(1), Some(0)),
+        "[{}] {v}",
+        b.kind
+    );
+    assert!(
+        last["finished_at"].is_string() && !last["host"].as_str().unwrap().is_empty(),
+        "{v}"
+    );
+    assert!(last["ago_seconds"].as_f64().unwrap() < 60.0, "{v}");
+    let out = b.run(&["status", &name]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("with exit status 0"),
+        "{out:?}"
+    );
+
+    let out = b.run(&[
+        "run",
+        "-E",
+        "0",
+        "--once-per",
+        "30m",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(
+        (code(&out), stderr(&out).as_str()),
+        (0, ""),
+        "[{}] -E 0 skips quietly",
+        b.kind
+    );
+    let out = b.run(&["run", "--once-per", "0", &name, "--", "sh", "-c", "exit 5"]);
+    assert_eq!(code(&out), 5, "[{}] a window of 0 runs: {}", b.kind, stderr(&out));
+    let out = b.run(&["status", "--json", &name]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["last_run"]["run"].as_u64(), v["last_run"]["exit_code"].as_i64()),
+        (Some(2), Some(5)),
+        "{v}"
+    );
+    assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 1);
+    for bad in [&["--once-per", "1x"][..], &["--once-per", "1h", "--slots", "2"]] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(bad);
+        args.extend_from_slice(&[&name, "--", "true"]);
+        assert_eq!(code(&b.run(&args)), 64, "[{}] {bad:?}", b.kind);
+    }
 }
 
 /// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
@@ -2202,6 +2299,7 @@ backend_tests! {
         init_prepares_fencing,
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
+        once_per_runs_once_per_tick,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
