@@ -186,6 +186,15 @@ impl Locker {
         .await
     }
 
+    /// Whether this task holds `name` (in either mode) in a scoped call of
+    /// this locker.
+    pub(crate) fn held_in_scope(&self, name: &LockName) -> bool {
+        let id = self.engine.id();
+        current_locks()
+            .iter()
+            .any(|h| h.locker_id == id && &h.name == name)
+    }
+
     /// Why a scoped call's work was stopped ([`Locker::within`] gave
     /// `None`): past `max_hold` the lock is released, then
     /// [`Error::MaxHoldExceeded`]; else it was lost, [`Error::LockLost`].

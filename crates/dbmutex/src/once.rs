@@ -27,7 +27,9 @@ impl Locker {
     ///   [`Error::MaxHoldExceeded`](crate::Error::MaxHoldExceeded).
     ///
     /// Exclusive session locks only: `shared(true)` or `transaction(true)`
-    /// is [`Error::Unsupported`](crate::Error::Unsupported).
+    /// is [`Error::Unsupported`](crate::Error::Unsupported), as is a call
+    /// inside a scoped call of this task that holds the same lock (its
+    /// acquisition would wait for that hold for ever).
     ///
     /// # Cancel safety
     ///
@@ -49,6 +51,15 @@ impl Locker {
                 "once-per-window runs need an exclusive session lock (not shared(true) or transaction(true))"
                     .into(),
             ));
+        }
+        let name = name.into();
+        if self.held_in_scope(&name) {
+            // Its acquisition would wait for this task's own hold.
+            return Err(Error::Unsupported(format!(
+                "once_per for {:?} inside a scoped call that holds the same lock: \
+                 call it outside, or use LockGuard::start_run on an owned guard",
+                name.to_string()
+            )));
         }
         let Some(guard) = self.acquire(name, opts).await? else {
             return Ok(OncePer::NotAcquired);

@@ -46,7 +46,9 @@
 //!   database; times are `UTC_TIMESTAMP(6)`.
 //! - **local**: `<lock file>.run` beside the lock file, replaced (written,
 //!   `fsync`ed, renamed) while the lock is held. The host has one clock, its
-//!   own (`CLOCK_REALTIME`): a clock set back makes a run look recent.
+//!   own (`CLOCK_REALTIME`): a clock set back makes a run look recent. In
+//!   the host-wide shared directory the file belongs to the first user who
+//!   ran the name, as a fence file does (see [`crate::fence`]).
 //!
 //! The library creates the tables on first use. A role that may not create
 //! tables needs them created once (`dbmutex init --url URL`, or

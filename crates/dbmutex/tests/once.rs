@@ -222,6 +222,22 @@ async fn refusals_and_reentry(backend: Backend) {
         matches!(out, OncePer::Ran(Ok(dbmutex::Outcome::Acquired(1)))),
         "{out:?}"
     );
+    let (inner, n) = (l.clone(), name.clone());
+    let nested = tokio::time::timeout(
+        Duration::from_secs(10),
+        l.with_lock(name.as_str(), &opts(), || async move {
+            inner
+                .once_per(n.as_str(), Duration::ZERO, &opts(), || async {})
+                .await
+        }),
+    )
+    .await
+    .expect("a nested once_per does not wait for its own task's hold")
+    .unwrap();
+    assert!(
+        matches!(nested, dbmutex::Outcome::Acquired(Err(Error::Unsupported(_)))),
+        "{backend:?}: {nested:?}"
+    );
 }
 
 for_each_backend! {

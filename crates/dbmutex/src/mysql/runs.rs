@@ -23,14 +23,17 @@ const LAST: &str = "SELECT run, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00'
      FROM dbmutex_runs WHERE lock_key = ?";
 
 /// Records a start (key, name, host, pid), only while this session holds
-/// the lock (the last `?`). `LAST_INSERT_ID(expr)` puts the run's number in
-/// the OK packet. Affected rows: 1 inserted, 2 updated, 0 not held.
+/// the lock (the fifth `?`); an existing row gets the same values (the
+/// last three `?`: `VALUES()` is deprecated on MySQL 8, and
+/// `UTC_TIMESTAMP` is the statement's start, the same in both places).
+/// `LAST_INSERT_ID(expr)` puts the run's number in the OK packet. Affected
+/// rows: 1 inserted, 2 updated, 0 not held.
 const START: &str = "INSERT INTO dbmutex_runs (lock_key, lock_name, run, started_at, host, pid) \
      SELECT ?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6), ?, ? FROM DUAL \
      WHERE IS_USED_LOCK(?) = CONNECTION_ID() \
      ON DUPLICATE KEY UPDATE run = LAST_INSERT_ID(dbmutex_runs.run + 1), \
-     lock_name = VALUES(lock_name), started_at = VALUES(started_at), host = VALUES(host), \
-     pid = VALUES(pid), finished_at = NULL, exit_code = NULL";
+     lock_name = ?, started_at = UTC_TIMESTAMP(6), host = ?, pid = ?, \
+     finished_at = NULL, exit_code = NULL";
 
 /// Records the end (exit status, key, run), only while this session holds
 /// the lock (the last `?`).
@@ -56,13 +59,18 @@ pub(super) async fn start(
                     return Ok(Some(RunStart::NotDue(last)));
                 }
             }
-            let params = (
-                lock.as_bytes(),
-                shown.as_bytes(),
-                who.host.as_str(),
-                who.pid,
-                lock.as_str(),
-            );
+            let (host, pid) = (who.host.as_str(), who.pid);
+            let params: Vec<mysql_async::Value> = vec![
+                lock.as_bytes().into(),
+                shown.as_bytes().into(),
+                host.into(),
+                pid.into(),
+                lock.as_str().into(),
+                // ON DUPLICATE KEY UPDATE's
+                shown.as_bytes().into(),
+                host.into(),
+                pid.into(),
+            ];
             conn.exec_drop(START, params).await?;
             if conn.affected_rows() == 0 {
                 return Ok(None);
