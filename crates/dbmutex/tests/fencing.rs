@@ -323,23 +323,13 @@ async fn postgres_server_waits_get_the_next_token() {
 async fn cancelled_fenced_acquire_leaves_nothing(backend: Backend) {
     let (a, other) = (backend.locker().await, backend.locker().await);
     let name = unique("fence-cancel");
-    let mut n = 0;
-    loop {
-        let out = common::CancelAfter::new(a.acquire(name.as_str(), &fenced()), n).await;
-        if let Some(g) = out {
-            let g = g.unwrap().expect("uncontended");
-            assert!(g.fence().is_some());
-            g.release().await.unwrap();
-            break;
-        }
-        assert!(
-            common::eventually(Duration::from_secs(10), || common::free_for(&other, &name)).await,
-            "{backend:?}: held after a cancellation at await point {n}"
-        );
-        n += 1;
-        assert!(n < 200, "{backend:?}: the acquire never completed");
-    }
-    assert!(n > 0, "{backend:?}: the acquire never suspended");
+    let opts = fenced();
+    let g = common::cancel_at_each_await_point(&other, &name, || a.acquire(name.as_str(), &opts))
+        .await
+        .unwrap()
+        .expect("uncontended");
+    assert!(g.fence().is_some());
+    g.release().await.unwrap();
     assert_eq!(a.held_count(), 0);
 }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{mysql_raw, pg_raw, unique, Backend, CancelAfter};
+use common::{mysql_raw, pg_raw, unique, Backend};
 use dbmutex::runs::{OncePer, RunStart};
 use dbmutex::{Error, LockOptions, Locker};
 use mysql_async::prelude::Queryable;
@@ -171,24 +171,14 @@ async fn cancelled_at_each_await_point(backend: Backend) {
     let name = unique("once-cut");
     let ran = AtomicUsize::new(0);
     let o = opts();
-    let mut n = 0;
-    loop {
-        let call = l.once_per(name.as_str(), HOUR, &o, || async {
+    let out = common::cancel_at_each_await_point(&other, &name, || {
+        l.once_per(name.as_str(), HOUR, &o, || async {
             ran.fetch_add(1, Ordering::SeqCst);
-        });
-        if let Some(out) = CancelAfter::new(call, n).await {
-            let out = out.unwrap();
-            assert!(matches!(out, OncePer::Ran(()) | OncePer::NotDue(_)), "{out:?}");
-            break;
-        }
-        assert!(
-            common::eventually(Duration::from_secs(10), || common::free_for(&other, &name)).await,
-            "{backend:?}: held after a cancel at await point {n}"
-        );
-        n += 1;
-        assert!(n < 200, "{backend:?}: the call never completed");
-    }
-    assert!(n > 0, "{backend:?}: the call never suspended");
+        })
+    })
+    .await
+    .unwrap();
+    assert!(matches!(out, OncePer::Ran(()) | OncePer::NotDue(_)), "{out:?}");
     assert!(ran.load(Ordering::SeqCst) <= 1);
     assert_eq!(l.held_count(), 0);
 }

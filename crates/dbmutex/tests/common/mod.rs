@@ -238,6 +238,28 @@ impl<F: Future> Future for CancelAfter<F> {
     }
 }
 
+/// Runs `call()` again and again, cancelled at its first, second, …
+/// await point, until a run completes (its output is returned); after each
+/// cancellation `name` must come free for `other` within 10 s. Panics if
+/// the call never suspends, or never completes within 200 cancellations.
+pub async fn cancel_at_each_await_point<T, F, Fut>(other: &Locker, name: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    for n in 0..200 {
+        if let Some(out) = CancelAfter::new(call(), n).await {
+            assert!(n > 0, "{name}: the call never suspended");
+            return out;
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || free_for(other, name)).await,
+            "{name}: held after a cancellation at await point {n}"
+        );
+    }
+    panic!("{name}: the call never completed")
+}
+
 /// `url` (`scheme://user@host[:port]/path`), reached through a
 /// [`freezable_proxy`] on 127.0.0.1; `default_port` when the URL names none.
 pub async fn proxied(
