@@ -19,4 +19,5 @@ pub(crate) mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
 pub(crate) mod scope;
+pub(crate) mod upgrade;
 pub(crate) mod wait;

@@ -14,6 +14,7 @@ use super::backend::{Attempt, Backend, Missing, WaitIn};
 use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
 use super::loss::LossToken;
 use super::metrics::{Attempt as Measured, Labels, Outcome};
+use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{self, Backoff};
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -32,6 +33,14 @@ pub(crate) trait Engine: Send + Sync {
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
     fn key_of(&self, name: &LockName) -> Result<String>;
     fn create_fence_table(&self) -> BoxFut<'_, Result<()>>;
+    /// Upgrades `name`, held shared by this task's enclosing scoped call
+    /// (whose grant gave `up`), to exclusive (see [`super::upgrade`]).
+    fn upgrade<'a>(
+        &'a self,
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        up: Option<Arc<dyn Upgrade>>,
+    ) -> BoxFut<'a, Result<Option<Upgraded>>>;
 }
 
 /// The pipeline over one backend.
@@ -85,6 +94,9 @@ impl<B: Backend> Pipeline<B> {
         labels: Labels,
     ) -> Result<Option<LockGuard>> {
         name.validate()?;
+        if let Some(held) = super::scope::held_against(self.id, &name, opts.mode) {
+            return Err(upgrade::self_deadlock(&name, held, opts.mode));
+        }
         // The cap, reserved before the first await and atomically, so
         // concurrent acquirers never pass it together.
         let limit = self.settings.max_locks;
@@ -289,6 +301,10 @@ impl Grant for Permitted {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         self.grant.fence(key)
     }
+
+    fn upgrader(&self) -> Option<Arc<dyn Upgrade>> {
+        self.grant.upgrader()
+    }
 }
 
 impl<B: Backend> Engine for Pipeline<B> {
@@ -339,6 +355,29 @@ impl<B: Backend> Engine for Pipeline<B> {
 
     fn create_fence_table(&self) -> BoxFut<'_, Result<()>> {
         Box::pin(self.backend.create_fence_table(&self.settings))
+    }
+
+    fn upgrade<'a>(
+        &'a self,
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        up: Option<Arc<dyn Upgrade>>,
+    ) -> BoxFut<'a, Result<Option<Upgraded>>> {
+        Box::pin(async move {
+            let labels = Labels::new(
+                self.backend.kind(),
+                opts.mode,
+                name,
+                self.settings.metrics_name_label,
+            );
+            let measured = Measured::start(labels);
+            let r = match self.backend.key(name, &self.settings) {
+                Ok(key) => upgrade::acquire(&self.backend, &key, name, opts, up).await,
+                Err(e) => Err(e),
+            };
+            measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
+            r
+        })
     }
 }
 

@@ -374,4 +374,12 @@ impl Grant for DedicatedGrant {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         super::fence::for_grant(self.held.peek(|d| d.lock.clone()), key)
     }
+
+    /// A session lock only: a transaction lock's exclusive one could not be
+    /// dropped before its transaction ends.
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgrade::Upgrade>> {
+        let of =
+            |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some(), None));
+        self.held.peek(of).flatten().flatten()
+    }
 }

@@ -48,6 +48,7 @@ mod pooler;
 mod session;
 mod session_lock;
 mod sql;
+mod upgrade;
 mod xact;
 
 use std::sync::Arc;

@@ -135,4 +135,10 @@ impl Grant for SessionGrant {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         super::fence::for_grant(self.release.peek(|r| r.lock.clone()), key)
     }
+
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgrade::Upgrade>> {
+        let of =
+            |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some(), Some(r.channel.clone()));
+        self.release.peek(of).flatten()
+    }
 }
