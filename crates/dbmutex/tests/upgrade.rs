@@ -210,7 +210,7 @@ async fn an_upgrade_waits_for_the_other_holders_and_ends_shared() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     ev.lock().unwrap().push("task left");
                     leave.send(()).unwrap();
-                    newcomer
+                    newcomer.await.unwrap()
                 });
                 let got = a
                     .with_lock(n, &exclusive(), || async {
@@ -257,8 +257,7 @@ async fn an_upgrade_waits_for_the_other_holders_and_ends_shared() {
                     other_task_can_share(&a, n).await,
                     "{outer:?}: no shared task may join"
                 );
-                let newcomer = script.await.unwrap();
-                assert_eq!(newcomer.await.unwrap(), Outcome::Acquired(()));
+                assert_eq!(script.await.unwrap(), Outcome::Acquired(()));
                 assert!(matches!(t2.await.unwrap(), Ok(Outcome::Acquired(()))));
             })
             .await;
@@ -568,9 +567,9 @@ async fn after_the_upgrade_shared_joins_and_exclusive_still_waits() {
         );
         let name = unique("up-after");
         let n = name.as_str();
-        let waiter = outer
+        let mut waiter = None;
+        outer
             .run(&a, n, || async {
-                let mut waiter = None;
                 let x = exclusive();
                 let r = a.with_lock(n, &x, || async {
                     let (b, n2) = (b.clone(), name.clone());
@@ -584,7 +583,6 @@ async fn after_the_upgrade_shared_joins_and_exclusive_still_waits() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 });
                 assert_eq!(r.await.unwrap(), Outcome::Acquired(()));
-                let waiter = waiter.unwrap();
                 assert!(
                     can_take(&c, n, true).await,
                     "{outer:?}: another locker cannot join after the upgrade"
@@ -595,13 +593,13 @@ async fn after_the_upgrade_shared_joins_and_exclusive_still_waits() {
                 );
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 assert!(
-                    !waiter.is_finished(),
+                    !waiter.as_ref().expect("spawned").is_finished(),
                     "{outer:?}: an exclusive waiter got in beside the outer call"
                 );
-                waiter
             })
             .await;
         let g = waiter
+            .expect("spawned")
             .await
             .unwrap()
             .unwrap()

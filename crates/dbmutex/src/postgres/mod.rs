@@ -29,6 +29,22 @@
 //!   which dbmutex detects when it connects, session locks fail with
 //!   [`Error::Unsupported`]; use [`LockOptions::transaction`].
 //!
+//! # Upgrade inside one task
+//!
+//! A nested scoped exclusive call inside a scoped shared one for the same
+//! name upgrades ([`Locker::with_lock`](crate::Locker::with_lock)), as the
+//! gem does: the session holding the shared lock takes it exclusive too
+//! (its own locks never conflict), and `pg_advisory_unlock` drops just that
+//! at the end. It *tries* with backoff (that session serves other locks
+//! and its keepalive probe, so it never blocks): shared requests of other
+//! processes may overtake it, and the server's deadlock detector does not
+//! see it. So a waiting upgrader holds an *intent* lock (a `bigint` key
+//! with the high bit set, mixed from the name's; `list` shows it unnamed):
+//! a second upgrader in another process finds it and fails at once with
+//! [`Error::Deadlock`]. The gem's upgraders are not detected: bound the
+//! wait. A transaction lock on either side, or a fenced nested call, is
+//! [`Error::Unsupported`].
+//!
 //! A lock lives as long as its connection: when the connection ends (server
 //! restart, `pg_terminate_backend`, network failure noticed by TCP
 //! keepalive), every guard on it reports the loss at once. Nothing is ever
