@@ -46,8 +46,8 @@ pub(crate) trait Grant: Send + Sync + 'static {
     }
 
     /// For a shared lock whose session can also take it exclusive: how a
-    /// nested scoped call upgrades it (see [`super::upgrade`]).
-    fn upgrader(&self) -> Option<std::sync::Arc<dyn super::upgrade::Upgrade>> {
+    /// nested scoped call upgrades it (see `core::upgrade`).
+    fn upgrader(&self) -> Option<std::sync::Arc<dyn super::upgradable::Upgrade>> {
         None
     }
 }
@@ -174,7 +174,7 @@ impl LockGuard {
     }
 
     /// How a nested scoped call upgrades this (shared) lock, if it can.
-    pub(crate) fn upgrader(&self) -> Option<Arc<dyn super::upgrade::Upgrade>> {
+    pub(crate) fn upgrader(&self) -> Option<Arc<dyn super::upgradable::Upgrade>> {
         self.grant.as_ref()?.upgrader()
     }
 

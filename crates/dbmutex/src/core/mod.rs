@@ -19,5 +19,6 @@ pub(crate) mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
 pub(crate) mod scope;
+pub(crate) mod upgradable;
 pub(crate) mod upgrade;
 pub(crate) mod wait;

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::upgrade::Upgrade;
+use super::upgradable::Upgrade;
 use crate::types::HeldLock;
 use crate::{LockName, Mode};
 

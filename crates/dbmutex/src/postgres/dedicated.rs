@@ -377,7 +377,7 @@ impl Grant for DedicatedGrant {
 
     /// A session lock only: a transaction lock's exclusive one could not be
     /// dropped before its transaction ends.
-    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgrade::Upgrade>> {
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
         let of =
             |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some(), None));
         self.held.peek(of).flatten().flatten()

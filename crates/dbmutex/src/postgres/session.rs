@@ -136,7 +136,7 @@ impl Grant for SessionGrant {
         super::fence::for_grant(self.release.peek(|r| r.lock.clone()), key)
     }
 
-    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgrade::Upgrade>> {
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
         let of =
             |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some(), Some(r.channel.clone()));
         self.release.peek(of).flatten()

@@ -18,7 +18,7 @@ use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
 use crate::core::guard::BoxFuture;
 use crate::core::loss::LossToken;
-use crate::core::upgrade::Upgrade;
+use crate::core::upgradable::Upgrade;
 use crate::key::PgKey;
 use crate::{Error, Mode, Result};
 
