@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use crate::core::guard::LockGuard;
 use crate::core::pipeline::Engine;
-use crate::core::scope::{self, current_locks};
+use crate::core::scope;
+use crate::core::scoped::{self, Held};
 use crate::types::{BackendKind, Capabilities, HeldLock, Holder, ListedLock, Outcome};
 use crate::{Error, LockName, LockOptions, Result};
 
@@ -102,19 +103,47 @@ impl Locker {
     ///   (on this locker) runs `f` at once, with no SQL (and no new fencing
     ///   token: a fenced nested call inside an unfenced one is
     ///   [`Error::Unsupported`]).
+    /// - Upgrade: a nested *exclusive* call inside a *shared* one for the
+    ///   same name in the same task (on this locker) upgrades the lock, as
+    ///   the Ruby gem allows on PostgreSQL. The task keeps its shared lock
+    ///   throughout (there is no moment without a lock) and waits, within
+    ///   the nested call's options, only for the *other* holders — other
+    ///   tasks of this locker (shared requests arriving meanwhile queue
+    ///   behind the upgrade), other lockers and processes. Then `f` runs
+    ///   holding the name exclusive, and when the nested call ends the lock
+    ///   is back to shared (still held by the outer call). Not acquired in
+    ///   time ([`LockOptions::try_once`], a timeout): [`Outcome::NotAcquired`],
+    ///   the shared lock intact; cancelled at any point: the shared lock
+    ///   intact, nothing exclusive left held. Two tasks that both hold the
+    ///   name shared and both upgrade wait for each other: among the tasks
+    ///   of one locker the second upgrader gets [`Error::Deadlock`] at once
+    ///   (the first goes on waiting for the second's shared lock). On
+    ///   PostgreSQL only (see [`crate::postgres`] for between processes); the
+    ///   local backend refuses it with [`Error::Unsupported`] (`flock(2)`
+    ///   drops the shared lock before taking the exclusive one), as do a
+    ///   transaction-level lock on either side and a fenced nested call.
+    ///   Inside the upgraded call, nested shared and exclusive calls for the
+    ///   name are re-entrant.
+    /// - Any other acquisition of a name this task holds in a scoped call of
+    ///   this locker that the held mode excludes (a guard from
+    ///   [`Locker::acquire`], or a nested shared call inside an exclusive
+    ///   one) would wait for the task itself: it fails at once with
+    ///   [`Error::Deadlock`].
     /// - With [`LockOptions::fenced`], `f` reads its token from
     ///   [`current_locks`](crate::current_locks) (`.last()`'s
     ///   [`HeldLock::fence`]).
     /// - If the lock is lost while `f` runs, `f` is dropped at its next await
     ///   point and the call returns [`Error::LockLost`]; past
-    ///   [`LockOptions::max_hold`], the same, then the lock is released and
-    ///   the call returns [`Error::MaxHoldExceeded`].
+    ///   [`LockOptions::max_hold`], the same, then the lock is released (an
+    ///   upgrade: back to shared) and the call returns
+    ///   [`Error::MaxHoldExceeded`].
     /// - An error value from `f` is just a value: the lock is released and the
     ///   value returned. A panic in `f` releases the lock and propagates.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropping the future drops `f` and releases the lock.
+    /// Cancel-safe: dropping the future drops `f` and releases the lock (an
+    /// upgrade: drops the exclusive lock, the shared one stays).
     pub async fn with_lock<T, F, Fut>(
         &self,
         name: impl Into<LockName>,
@@ -133,8 +162,9 @@ impl Locker {
             fence: None,
             locker_id: self.engine.id(),
         };
-        if let Some(outer) = current_locks().iter().find(|h| h.is_same_lock(&me)) {
-            if opts.fenced && outer.fence.is_none() {
+        let stack = scope::stack();
+        if let Some(outer) = stack.iter().find(|s| s.held.is_same_lock(&me)) {
+            if opts.fenced && outer.held.fence.is_none() {
                 return Err(Error::Unsupported(format!(
                     "a fenced scoped call for {:?} inside an unfenced one for the same lock: \
                      the enclosing call holds it without a token (fence the outer call)",
@@ -143,76 +173,48 @@ impl Locker {
             }
             return Ok(Outcome::Acquired(f().await));
         }
-        let Some(guard) = self.acquire(me.name.clone(), opts).await? else {
-            return Ok(Outcome::NotAcquired);
+        let held = match stack.iter().find(|s| s.held.is_upgraded_by(&me)) {
+            Some(outer) => match self.engine.upgrade(&me.name, opts, outer.upgrade.clone()).await? {
+                Some(x) => Held::Upgraded(x),
+                None => return Ok(Outcome::NotAcquired),
+            },
+            None => match self.acquire(me.name.clone(), opts).await? {
+                Some(g) => Held::Guard(g),
+                None => return Ok(Outcome::NotAcquired),
+            },
         };
-        match self.within(&guard, f).await {
+        let name = me.name.to_string();
+        match scoped::within(&held, me, f).await {
             Some(v) => {
-                if let Err(e) = guard.release().await {
+                if let Err(e) = held.release().await {
                     // The work is done and the connection is closed, so the
                     // server has freed the lock: the value stands.
                     tracing::warn!(error = %e, "dbmutex: unlock after a scoped call failed");
                 }
                 Ok(Outcome::Acquired(v))
             }
-            None => Err(Self::stopped(guard, opts).await),
+            None => Err(held.stopped(name, opts).await),
         }
     }
 
-    /// Runs `work` as the scoped call that holds `guard` (on this task's
-    /// [`current_locks`] for its duration); `None` when the lock was lost,
-    /// or the hold passed its `max_hold`, first (`work` is then dropped).
-    pub(crate) async fn within<T, F, Fut>(&self, guard: &LockGuard, work: F) -> Option<T>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let mut stack = current_locks();
-        stack.push(HeldLock {
+    /// The scope entry of a lock this locker holds through `guard`.
+    pub(crate) fn scope_entry(&self, guard: &LockGuard) -> HeldLock {
+        HeldLock {
             name: guard.name().clone(),
             mode: guard.mode(),
             backend: self.backend(),
             fence: guard.fence(),
             locker_id: self.engine.id(),
-        });
-        let lost = guard.lost();
-        scope::within(stack, async {
-            tokio::select! {
-                biased;
-                v = work() => Some(v),
-                () = lost => None,
-            }
-        })
-        .await
+        }
     }
 
     /// Whether this task holds `name` (in either mode) in a scoped call of
     /// this locker.
     pub(crate) fn held_in_scope(&self, name: &LockName) -> bool {
         let id = self.engine.id();
-        current_locks()
+        scope::current_locks()
             .iter()
             .any(|h| h.locker_id == id && &h.name == name)
-    }
-
-    /// Why a scoped call's work was stopped ([`Locker::within`] gave
-    /// `None`): past `max_hold` the lock is released, then
-    /// [`Error::MaxHoldExceeded`]; else it was lost, [`Error::LockLost`].
-    pub(crate) async fn stopped(guard: LockGuard, opts: &LockOptions) -> Error {
-        let name = guard.name().to_string();
-        if guard.max_hold_exceeded() && guard.is_held() {
-            tracing::warn!(name = %name, "dbmutex: scoped call held its lock past max_hold; the work was stopped");
-            if let Err(e) = guard.release().await {
-                tracing::warn!(error = %e, "dbmutex: unlock after max_hold failed");
-            }
-            return Error::MaxHoldExceeded {
-                name,
-                max_hold: opts.max_hold.unwrap_or_default(),
-            };
-        }
-        tracing::warn!(name = %name, "dbmutex: lock lost during a scoped call; the work was stopped");
-        drop(guard);
-        Error::LockLost { name }
     }
 
     /// As [`Locker::with_lock`], but "not acquired" is

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::core::scoped::{self, Held};
 use crate::runs::{OncePer, RunStart};
 use crate::{Error, LockName, LockOptions, Locker, Mode, Result};
 
@@ -75,15 +76,21 @@ impl Locker {
                 return Err(e);
             }
         };
-        match self.within(&guard, f).await {
+        let (me, shown) = (self.scope_entry(&guard), guard.name().to_string());
+        let held = Held::Guard(guard);
+        match scoped::within(&held, me, f).await {
             Some(v) => {
-                if let Err(e) = guard.finish_run(&run, Some(0)).await {
-                    tracing::warn!(name = %guard.name(), error = %e, "dbmutex: could not record the end of a run");
+                if let Some(g) = held.guard() {
+                    if let Err(e) = g.finish_run(&run, Some(0)).await {
+                        tracing::warn!(name = %shown, error = %e, "dbmutex: could not record the end of a run");
+                    }
                 }
-                release(guard).await;
+                if let Err(e) = held.release().await {
+                    tracing::warn!(error = %e, "dbmutex: unlock after a once-per-window call failed");
+                }
                 Ok(OncePer::Ran(v))
             }
-            None => Err(Self::stopped(guard, opts).await),
+            None => Err(held.stopped(shown, opts).await),
         }
     }
 }

@@ -167,6 +167,14 @@ impl HeldLock {
         (&self.name, self.mode, self.backend, self.locker_id)
             == (&other.name, other.mode, other.backend, other.locker_id)
     }
+
+    /// A shared lock that a nested exclusive call for the same name, on the
+    /// same locker, upgrades.
+    pub(crate) fn is_upgraded_by(&self, other: &HeldLock) -> bool {
+        self.mode == Mode::Shared
+            && other.mode == Mode::Exclusive
+            && (&self.name, self.backend, self.locker_id) == (&other.name, other.backend, other.locker_id)
+    }
 }
 
 /// The result of a scoped call: the closure's value, or "not acquired".

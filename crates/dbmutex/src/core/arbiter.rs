@@ -14,10 +14,9 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::queue::{Queued, State};
+use super::queue::{Queued, State, Want};
 use crate::Mode;
 
 /// What a backend keeps per key beside the in-process hold (PostgreSQL:
@@ -36,7 +35,7 @@ impl SlotExt for () {}
 /// The per-key state.
 #[derive(Default)]
 pub(crate) struct Slot<X = ()> {
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
     /// Tasks waiting for the in-process hold now.
     pub(crate) waiting: std::sync::atomic::AtomicUsize,
     /// The backend's own per-key state.
@@ -106,7 +105,8 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Drop for SlotRef<K, X> {
         // Two references: the table's and ours.
         if Arc::strong_count(&self.slot) == 2 {
             let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.exclusive && st.shared == 0 && st.queue.is_empty() && self.slot.ext.idle() {
+            if !st.exclusive && st.shared == 0 && !st.upgrading && st.queue.is_empty() && self.slot.ext.idle()
+            {
                 drop(st);
                 slots.remove(&self.key);
             }
@@ -154,6 +154,15 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
         })
     }
 
+    /// A counted reference to `key`'s slot (created on first use).
+    pub(crate) fn slot_ref(self: &Arc<Self>, key: &K) -> SlotRef<K, X> {
+        SlotRef {
+            arbiter: self.clone(),
+            key: key.clone(),
+            slot: self.slot(key),
+        }
+    }
+
     /// Takes the in-process hold, waiting until `deadline` (`None`: forever).
     /// Returns `None` when the deadline passed first.
     ///
@@ -164,11 +173,7 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
         mode: Mode,
         deadline: Option<Instant>,
     ) -> Option<Hold<K, X>> {
-        let slot = SlotRef {
-            arbiter: self.clone(),
-            key: key.clone(),
-            slot: self.slot(key),
-        };
+        let slot = self.slot_ref(key);
         let place = {
             let mut st = slot.slot.state.lock().unwrap_or_else(|e| e.into_inner());
             // Nobody queued: take it now if free. Else join the queue, even
@@ -176,46 +181,14 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
             if st.queue.is_empty() && st.try_take(mode) {
                 None
             } else {
-                let q = Arc::new(Queued {
-                    mode,
-                    granted: false.into(),
-                    wake: Notify::new(),
-                });
+                let q = Queued::new(Want::Take(mode));
                 st.queue.push_back(q.clone());
                 Some(q)
             }
         };
         let took = match place {
             None => true,
-            Some(q) => {
-                let _waiting = Waiting::new(&slot.slot.waiting);
-                let mut place = Place {
-                    slot: &slot.slot,
-                    q,
-                    taken: false,
-                };
-                let granted = |q: &Queued| q.granted.load(std::sync::atomic::Ordering::SeqCst);
-                loop {
-                    if granted(&place.q) {
-                        break;
-                    }
-                    // `notify_one` keeps a permit: a grant between the check
-                    // and the wait is not missed.
-                    let woken = place.q.wake.notified();
-                    match deadline {
-                        None => woken.await,
-                        Some(d) => {
-                            if tokio::time::timeout_at(d, woken).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-                // Granted, even at the deadline's last moment: take it. Else
-                // `place` leaves the queue on drop.
-                place.taken = granted(&place.q);
-                place.taken
-            }
+            Some(q) => wait_queued(&slot.slot, q, deadline).await,
         };
         // Not `then_some`: building a Hold we do not own would give back
         // someone else's hold when it drops.
@@ -255,6 +228,39 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Drop for Hold<K, X> {
             .give_back(self.mode);
         // Then `self.slot` drops, removing the entry if nobody else uses it.
     }
+}
+
+/// Waits in the queue for `q`'s grant until `deadline`: true when granted
+/// (the caller then owns what was granted); on the deadline or when the
+/// future is dropped, `q` leaves the queue (passing on a grant it got).
+pub(crate) async fn wait_queued<X>(slot: &Slot<X>, q: Arc<Queued>, deadline: Option<Instant>) -> bool {
+    let _waiting = Waiting::new(&slot.waiting);
+    let mut place = Place {
+        slot,
+        q,
+        taken: false,
+    };
+    let granted = |q: &Queued| q.granted.load(std::sync::atomic::Ordering::SeqCst);
+    loop {
+        if granted(&place.q) {
+            break;
+        }
+        // `notify_one` keeps a permit: a grant between the check and the
+        // wait is not missed.
+        let woken = place.q.wake.notified();
+        match deadline {
+            None => woken.await,
+            Some(d) => {
+                if tokio::time::timeout_at(d, woken).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // Granted, even at the deadline's last moment: take it. Else `place`
+    // leaves the queue on drop.
+    place.taken = granted(&place.q);
+    place.taken
 }
 
 #[cfg(test)]

@@ -61,6 +61,12 @@ pub(crate) trait Grant: Send + Sync + 'static {
             "once-per-window runs need an exclusive session lock".into(),
         ))))
     }
+
+    /// For a shared lock whose session can also take it exclusive: how a
+    /// nested scoped call upgrades it (see `core::upgrade`).
+    fn upgrader(&self) -> Option<std::sync::Arc<dyn super::upgradable::Upgrade>> {
+        None
+    }
 }
 
 /// An acquired lock. Release it with [`LockGuard::release`]; dropping it also
@@ -228,6 +234,11 @@ impl LockGuard {
     pub fn max_hold_exceeded(&self) -> bool {
         self.max_hold_at
             .is_some_and(|at| tokio::time::Instant::now() >= at)
+    }
+
+    /// How a nested scoped call upgrades this (shared) lock, if it can.
+    pub(crate) fn upgrader(&self) -> Option<Arc<dyn super::upgradable::Upgrade>> {
+        self.grant.as_ref()?.upgrader()
     }
 
     /// Releases the lock now and reports the server's answer.

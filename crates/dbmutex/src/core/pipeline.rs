@@ -8,14 +8,15 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::backend::{Attempt, Backend, Missing, WaitIn};
-use super::guard::{BoxFut, BoxFuture, Grant, LockGuard};
-use super::loss::LossToken;
+use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
+use super::permitted::Permitted;
+use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{self, Backoff};
-use crate::runs::{LastRun, RunStart, Who};
+use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
@@ -34,6 +35,14 @@ pub(crate) trait Engine: Send + Sync {
     fn key_of(&self, name: &LockName) -> Result<String>;
     fn create_tables(&self) -> BoxFut<'_, Result<()>>;
     fn last_run(&self, name: LockName) -> BoxFut<'_, Result<Option<LastRun>>>;
+    /// Upgrades `name`, held shared by this task's enclosing scoped call
+    /// (whose grant gave `up`), to exclusive (see [`super::upgrade`]).
+    fn upgrade<'a>(
+        &'a self,
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        up: Option<Arc<dyn Upgrade>>,
+    ) -> BoxFut<'a, Result<Option<Upgraded>>>;
 }
 
 /// The pipeline over one backend.
@@ -87,6 +96,9 @@ impl<B: Backend> Pipeline<B> {
         labels: Labels,
     ) -> Result<Option<LockGuard>> {
         name.validate()?;
+        if let Some(held) = super::scope::held_against(self.id, &name, opts.mode) {
+            return Err(upgrade::self_deadlock(&name, held, opts.mode));
+        }
         // The cap, reserved before the first await and atomically, so
         // concurrent acquirers never pass it together.
         let limit = self.settings.max_locks;
@@ -267,40 +279,6 @@ impl<B: Backend> Pipeline<B> {
     }
 }
 
-/// A grant won by a wait in the server under [`WaitIn::TryThenServer`]:
-/// keeps the locker's server-wait permit (its connection) until released.
-struct Permitted {
-    grant: Box<dyn Grant>,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Grant for Permitted {
-    fn release(self: Box<Self>) -> BoxFuture<Result<()>> {
-        let Permitted { grant, _permit } = *self;
-        Box::pin(async move {
-            let r = grant.release().await;
-            drop(_permit);
-            r
-        })
-    }
-
-    fn loss(&self) -> LossToken {
-        self.grant.loss()
-    }
-
-    fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
-        self.grant.fence(key)
-    }
-
-    fn start_run(&self, window: std::time::Duration, who: Who) -> BoxFuture<Result<RunStart>> {
-        self.grant.start_run(window, who)
-    }
-
-    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
-        self.grant.finish_run(run, exit_code)
-    }
-}
-
 impl<B: Backend> Engine for Pipeline<B> {
     fn kind(&self) -> BackendKind {
         self.backend.kind()
@@ -356,6 +334,29 @@ impl<B: Backend> Engine for Pipeline<B> {
             name.validate()?;
             let key = self.backend.key(&name, &self.settings)?;
             self.backend.last_run(&name, &key, &self.settings).await
+        })
+    }
+
+    fn upgrade<'a>(
+        &'a self,
+        name: &'a LockName,
+        opts: &'a LockOptions,
+        up: Option<Arc<dyn Upgrade>>,
+    ) -> BoxFut<'a, Result<Option<Upgraded>>> {
+        Box::pin(async move {
+            let labels = Labels::new(
+                self.backend.kind(),
+                opts.mode,
+                name,
+                self.settings.metrics_name_label,
+            );
+            let measured = Measured::start(labels);
+            let r = match self.backend.key(name, &self.settings) {
+                Ok(key) => upgrade::acquire(&self.backend, &key, name, opts, up).await,
+                Err(e) => Err(e),
+            };
+            measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
+            r
         })
     }
 }

@@ -28,6 +28,10 @@
 //!   lock on `<lock file>.want`), and a process that asks afresh while
 //!   anyone waits lets the waiters go first (at most 10 ms), so a process
 //!   that releases and asks again at once does not starve the others.
+//! - **No upgrade.** A nested scoped exclusive call inside a scoped shared
+//!   one for the same name is [`Error::Unsupported`]: `flock(2)` converts a
+//!   shared lock to exclusive by dropping it first, so another process
+//!   could take the lock in between. The shared lock stays held.
 //! - **Transaction locks** need a database transaction:
 //!   [`LockOptions::transaction`] is [`Error::Unsupported`] here, as are raw
 //!   PostgreSQL keys.

@@ -377,18 +377,21 @@ impl Grant for DedicatedGrant {
         super::fence::for_grant(self.held.peek(|d| d.lock.clone()), key)
     }
 
-    /// A transaction lock's run would be recorded in (and roll back with)
-    /// its transaction, and ends at its commit: refused.
+    /// Not for a transaction lock: its record would roll back with it.
     fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
-        match self.held.peek(|d| d.xact) {
-            Some(true) => Box::pin(std::future::ready(Err(Error::Unsupported(
-                "once-per-window runs need a session lock, not transaction(true)".into(),
-            )))),
-            _ => super::runs::start_for_grant(self.held.peek(|d| d.lock.clone()), window, who),
-        }
+        let lock = self.held.peek(|d| (!d.xact).then(|| d.lock.clone())).flatten();
+        super::runs::start_for_grant(lock, window, who)
     }
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.held.peek(|d| d.lock.clone()), run, exit_code)
+    }
+
+    /// A session lock only: a transaction lock's exclusive one could not be
+    /// dropped before its transaction ends.
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
+        let of =
+            |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some(), None));
+        self.held.peek(of).flatten().flatten()
     }
 }

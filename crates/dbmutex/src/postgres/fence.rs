@@ -129,6 +129,12 @@ pub(crate) async fn create(conn: &PgConn) -> Result<()> {
     create_table(conn, POSTGRES_TABLE, no_table_help).await
 }
 
+/// Both of dbmutex's tables (`dbmutex init`).
+pub(super) async fn create_tables(conn: &PgConn) -> Result<()> {
+    create(conn).await?;
+    create_table(conn, crate::runs::POSTGRES_TABLE, crate::runs::no_table_help).await
+}
+
 /// [`create`] for any of dbmutex's tables.
 pub(super) async fn create_table(conn: &PgConn, sql: &str, help: fn(&str) -> String) -> Result<()> {
     match conn.client.batch_execute(sql).await {

@@ -29,6 +29,22 @@
 //!   which dbmutex detects when it connects, session locks fail with
 //!   [`Error::Unsupported`]; use [`LockOptions::transaction`].
 //!
+//! # Upgrade inside one task
+//!
+//! A nested scoped exclusive call inside a scoped shared one for the same
+//! name upgrades ([`Locker::with_lock`](crate::Locker::with_lock)), as the
+//! gem does: the session holding the shared lock takes it exclusive too
+//! (its own locks never conflict), and `pg_advisory_unlock` drops just that
+//! at the end. It *tries* with backoff (that session serves other locks
+//! and its keepalive probe, so it never blocks): shared requests of other
+//! processes may overtake it, and the server's deadlock detector does not
+//! see it. So a waiting upgrader holds an *intent* lock (a `bigint` key
+//! with the high bit set, mixed from the name's; `list` shows it unnamed):
+//! a second upgrader in another process finds it and fails at once with
+//! [`Error::Deadlock`]. The gem's upgraders are not detected: bound the
+//! wait. A transaction lock on either side, or a fenced nested call, is
+//! [`Error::Unsupported`].
+//!
 //! A lock lives as long as its connection: when the connection ends (server
 //! restart, `pg_terminate_backend`, network failure noticed by TCP
 //! keepalive), every guard on it reports the loss at once. Nothing is ever
@@ -49,6 +65,7 @@ mod runs;
 mod session;
 mod session_lock;
 mod sql;
+mod upgrade;
 mod xact;
 
 use std::sync::Arc;
@@ -347,14 +364,9 @@ impl Backend for PgBackend {
         }
     }
 
-    /// On the side connection (the lock session only runs statements
-    /// that answer at once).
+    /// On the side connection (the lock session runs only quick statements).
     fn create_tables<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
-        async move {
-            let conn = self.probe(settings).await?;
-            fence::create(&conn).await?;
-            fence::create_table(&conn, crate::runs::POSTGRES_TABLE, crate::runs::no_table_help).await
-        }
+        async move { fence::create_tables(&*self.probe(settings).await?).await }
     }
 
     fn last_run<'a>(
@@ -379,16 +391,8 @@ impl Backend for PgBackend {
         async move {
             let conn = self.probe(settings).await?;
             let mut rows = introspect::list(&conn, &settings.prefix).await?;
-            // Our lock session's statements carry no name: we know them.
             if let Some(pid) = self.session.live().and_then(|s| s.server_pid()) {
-                for row in rows
-                    .iter_mut()
-                    .filter(|r| r.name.is_none() && r.holder.pid == i64::from(pid))
-                {
-                    if let Some(key) = PgKey::from_text(&row.key) {
-                        row.name = self.names.name_of(&key);
-                    }
-                }
+                self.names.fill(&mut rows, pid);
             }
             Ok(rows)
         }

@@ -30,6 +30,19 @@ impl OwnNames {
     }
 
     /// The name as `list` shows it (raw keys have none).
+    /// Names the rows of `list` held by our lock session (server pid
+    /// `pid`): its statements carry no name, but we know them.
+    pub(crate) fn fill(&self, rows: &mut [crate::types::ListedLock], pid: i32) {
+        for row in rows
+            .iter_mut()
+            .filter(|r| r.name.is_none() && r.holder.pid == i64::from(pid))
+        {
+            if let Some(key) = PgKey::from_text(&row.key) {
+                row.name = self.name_of(&key);
+            }
+        }
+    }
+
     pub(crate) fn name_of(&self, key: &PgKey) -> Option<String> {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.get(key)

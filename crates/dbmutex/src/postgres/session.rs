@@ -145,4 +145,10 @@ impl Grant for SessionGrant {
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.release.peek(|r| r.lock.clone()), run, exit_code)
     }
+
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
+        let of =
+            |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some(), Some(r.channel.clone()));
+        self.release.peek(of).flatten()
+    }
 }

@@ -1,0 +1,139 @@
+//! The server half of an upgrade (see `core::upgrade`): the shared lock's
+//! own session takes the key exclusive too — a session's own locks never
+//! conflict, so this waits only for other sessions — and later drops just
+//! that one (`pg_advisory_unlock`; the shared lock stays). It only tries,
+//! never blocks: the session is the lock session that other tasks' locks
+//! share, or a dedicated one whose keepalive probe must be answered.
+//!
+//! Since no upgrader waits in the server, the server cannot see two of
+//! them deadlock. So a waiting upgrader also holds the *intent* key of its
+//! key ([`intent_key`], exclusive, on the same session): a second upgrader
+//! of the key, which must hold it shared too, finds the intent taken and
+//! fails with [`Error::Deadlock`] at once (each would wait for the other).
+
+use std::sync::Arc;
+
+use super::handoff::{Channel, Want};
+use super::session_lock::SessionLock;
+use crate::core::detach::Undo;
+use crate::core::guard::BoxFuture;
+use crate::core::loss::LossToken;
+use crate::core::upgradable::Upgrade;
+use crate::key::PgKey;
+use crate::{Error, Mode, Result};
+
+/// The key an upgrader of `key` holds while it waits: a `bigint` key with
+/// the high bit set, mixed from `key` (splitmix64's finaliser), so that no
+/// name's key (two non-negative `int4`s) is ever one.
+pub(crate) fn intent_key(key: &PgKey) -> PgKey {
+    let mut x = match *key {
+        PgKey::Pair(a, b) => (u64::from(a as u32) << 32 | u64::from(b as u32)) ^ 0x6462_6d75_7465_7821,
+        PgKey::Big(v) => v as u64 ^ 0x7570_6772_6164_6521,
+    };
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    PgKey::Big((x | 1 << 63) as i64)
+}
+
+pub(crate) struct PgUpgrade {
+    /// The shared lock's session, key and name, in exclusive mode.
+    lock: SessionLock,
+    in_process: bool,
+    /// Announces the wait to other lockers (lock-session grants).
+    want: Option<Want>,
+}
+
+impl PgUpgrade {
+    /// For a session lock held `shared` on its session; `None` for an
+    /// exclusive one (nothing to upgrade).
+    pub(crate) fn of(
+        shared: &SessionLock,
+        in_process: bool,
+        channel: Option<Channel>,
+    ) -> Option<Arc<dyn Upgrade>> {
+        if shared.mode != Mode::Shared {
+            return None;
+        }
+        Some(Arc::new(PgUpgrade {
+            lock: SessionLock {
+                mode: Mode::Exclusive,
+                ..shared.clone()
+            },
+            in_process,
+            want: channel.map(|c| Want::new(c, shared.key)),
+        }))
+    }
+}
+
+impl Upgrade for PgUpgrade {
+    fn in_process(&self) -> bool {
+        self.in_process
+    }
+
+    fn try_exclusive(&self) -> BoxFuture<Result<bool>> {
+        let lock = self.lock.clone();
+        Box::pin(async move { lock.try_lock().await })
+    }
+
+    fn unlock_exclusive(&self, after: Box<dyn Send + Sync>) -> BoxFuture<Result<()>> {
+        let lock = self.lock.clone();
+        // On the session's runtime, at once: the exclusive lock goes even if
+        // nobody awaits the answer, and the in-process half after it.
+        let task = self.lock.conn.runtime.spawn(async move {
+            let r = lock.unlock().await;
+            drop(after);
+            r
+        });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
+        })
+    }
+
+    fn loss(&self) -> LossToken {
+        LossToken::of(self.lock.conn.lost_signal())
+    }
+
+    fn claim(&self) -> BoxFuture<Result<Option<Box<dyn Send + Sync>>>> {
+        let intent = SessionLock {
+            key: intent_key(&self.lock.key),
+            ..self.lock.clone()
+        };
+        Box::pin(async move {
+            if !intent.try_lock().await? {
+                return Ok(None);
+            }
+            Ok(Some(
+                Box::new(Undo::with(intent, SessionLock::spawn_unlock)) as Box<dyn Send + Sync>
+            ))
+        })
+    }
+
+    fn announce(&self) {
+        if let Some(w) = &self.want {
+            w.announce();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intent_keys_are_no_names_keys_and_differ_per_key() {
+        let keys = [
+            PgKey::Pair(0, 0),
+            PgKey::Pair(1, 0),
+            PgKey::Pair(0, 1),
+            PgKey::Big(0),
+            PgKey::Big(-1),
+        ];
+        let intents: std::collections::BTreeSet<_> = keys.iter().map(intent_key).collect();
+        assert_eq!(intents.len(), keys.len());
+        for k in intents {
+            assert!(matches!(k, PgKey::Big(v) if v < 0), "{k:?}");
+        }
+    }
+}
