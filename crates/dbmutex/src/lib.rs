@@ -22,9 +22,11 @@
 //!   [`Error::TooManyLocks`] and an invalid name included); `cancelled` (the
 //!   acquiring future was dropped first).
 //! - Every acquisition through a [`Locker`] counts once, scoped calls
-//!   ([`Locker::with_lock`]) included. A re-entrant scoped call (same
-//!   name and mode, already held by the task's enclosing call) takes no
-//!   lock and is not counted. Nested locks that are real acquisitions
+//!   ([`Locker::with_lock`]) included. A re-entrant scoped call (a name
+//!   the task's enclosing call already holds in a mode that covers it)
+//!   takes no lock and is not counted. An upgrade (a nested exclusive call
+//!   in a shared one) counts in `dbmutex_acquisitions_total` and
+//!   `dbmutex_wait_seconds` as `exclusive`, not in `dbmutex_held`. Nested locks that are real acquisitions
 //!   (another name) count as any other.
 //! - `dbmutex_held` counts guards: two tasks of one process sharing a lock
 //!   count 2. It goes down once per guard: on [`LockGuard::release`], on

@@ -99,10 +99,10 @@ impl Locker {
     /// [`Outcome::NotAcquired`] when the lock was not acquired within the
     /// wait (`f` did not run).
     ///
-    /// - Re-entrant: a nested call for the same name and mode in the same task
-    ///   (on this locker) runs `f` at once, with no SQL (and no new fencing
-    ///   token: a fenced nested call inside an unfenced one is
-    ///   [`Error::Unsupported`]).
+    /// - Re-entrant: a nested call for the same name in the same task (on
+    ///   this locker), in the same mode or shared inside exclusive, runs `f`
+    ///   at once, with no SQL (and no new fencing token: a fenced nested
+    ///   call inside an unfenced one is [`Error::Unsupported`]).
     /// - Upgrade: a nested *exclusive* call inside a *shared* one for the
     ///   same name in the same task (on this locker) upgrades the lock, as
     ///   the Ruby gem allows on PostgreSQL. The task keeps its shared lock
@@ -124,11 +124,11 @@ impl Locker {
     ///   transaction-level lock on either side and a fenced nested call.
     ///   Inside the upgraded call, nested shared and exclusive calls for the
     ///   name are re-entrant.
-    /// - Any other acquisition of a name this task holds in a scoped call of
-    ///   this locker that the held mode excludes (a guard from
-    ///   [`Locker::acquire`], or a nested shared call inside an exclusive
-    ///   one) would wait for the task itself: it fails at once with
-    ///   [`Error::Deadlock`].
+    /// - A guard ([`Locker::acquire`]) for a name this task holds in a
+    ///   scoped call of this locker, in a mode the hold excludes (exclusive
+    ///   inside shared, anything inside exclusive), would wait for the task
+    ///   itself: a try ([`LockOptions::try_once`]) finds it busy (`None`),
+    ///   a wait fails at once with [`Error::Deadlock`].
     /// - With [`LockOptions::fenced`], `f` reads its token from
     ///   [`current_locks`](crate::current_locks) (`.last()`'s
     ///   [`HeldLock::fence`]).

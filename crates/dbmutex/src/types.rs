@@ -161,11 +161,12 @@ pub struct HeldLock {
 }
 
 impl HeldLock {
-    /// The same lock of the same locker (whatever its token): a nested
-    /// scoped call for it is re-entrant.
+    /// Whether this held lock already grants `other` (whatever its token):
+    /// the same name on the same locker, in the same mode or exclusive
+    /// (which covers shared). A nested scoped call for it is re-entrant.
     pub(crate) fn is_same_lock(&self, other: &HeldLock) -> bool {
-        (&self.name, self.mode, self.backend, self.locker_id)
-            == (&other.name, other.mode, other.backend, other.locker_id)
+        (self.mode == other.mode || self.mode == Mode::Exclusive)
+            && (&self.name, self.backend, self.locker_id) == (&other.name, other.backend, other.locker_id)
     }
 
     /// A shared lock that a nested exclusive call for the same name, on the

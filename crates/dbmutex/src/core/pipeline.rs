@@ -97,6 +97,10 @@ impl<B: Backend> Pipeline<B> {
     ) -> Result<Option<LockGuard>> {
         name.validate()?;
         if let Some(held) = super::scope::held_against(self.id, &name, opts.mode) {
+            // Held, by this very task: busy for a try, a deadlock for a wait.
+            if opts.is_try_once() {
+                return Ok(None);
+            }
             return Err(upgrade::self_deadlock(&name, held, opts.mode));
         }
         // The cap, reserved before the first await and atomically, so
