@@ -137,3 +137,50 @@ impl Turn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::tests::TempDir;
+
+    fn turn(lock: &Path, mode: Mode, channel: usize) -> Turn {
+        Turn::new(true, mode, lock, Some(channel))
+    }
+
+    #[tokio::test]
+    async fn a_newcomer_queues_behind_waiters_and_wakes_the_first() {
+        let dir = TempDir::new("turns");
+        let lock = dir.path().join("t.lock");
+        let mut first = turn(&lock, Mode::Exclusive, 3);
+        assert!(first.may_try(), "nobody waits: try");
+        assert!(first.after(false), "busy: queued first, one more try");
+        assert!(first.may_try(), "the first in line tries");
+
+        // Another process releases and asks again: it lets `first` go and
+        // wakes it.
+        let mut woken = std::pin::pin!(wake::channel(3).notified());
+        woken.as_mut().enable();
+        let mut again = turn(&lock, Mode::Exclusive, 9);
+        assert!(!again.may_try(), "a newcomer lets the waiter go first");
+        tokio::time::timeout(Duration::from_secs(5), woken)
+            .await
+            .expect("the first waiter was woken");
+        assert!(!again.may_try(), "still behind");
+        let mut reader = turn(&lock, Mode::Shared, 5);
+        assert!(!reader.may_try(), "a reader queues behind writers too");
+        let mut once = Turn::new(false, Mode::Exclusive, &lock, None);
+        assert!(once.may_try(), "a try-once request never waits its turn");
+
+        first.after(true);
+        assert!(again.may_try(), "next in line");
+        assert!(!reader.may_try());
+        again.after(true);
+        assert!(reader.may_try());
+        reader.after(true);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, vec!["t.lock.queue".to_owned()], "no ticket left");
+    }
+}
