@@ -24,10 +24,14 @@
 //!   most 5 ms, whatever [`LockOptions::max_backoff`] says, so a lock freed
 //!   elsewhere is taken within about 5 ms. [`WaitStrategy::Server`](crate::WaitStrategy::Server) behaves
 //!   as polling: there is no server to wait in.
-//! - **Turns between processes.** A waiter marks itself waiting (a shared
-//!   lock on `<lock file>.want`), and a process that asks afresh while
-//!   anyone waits lets the waiters go first (at most 10 ms), so a process
-//!   that releases and asks again at once does not starve the others.
+//! - **Turns between processes: first come, first served.** A waiter that
+//!   finds the file locked takes a ticket in the lock's queue, and a process
+//!   that asks afresh while anyone waits queues behind them and wakes the
+//!   first of them (one datagram to its abstract Unix socket), so a process
+//!   that releases and asks again at once hands over at once instead of
+//!   winning again. Only the first of the queue tries the lock; a waiter
+//!   whose process stops trying (stopped, starved) is passed after 100 ms,
+//!   a killed one at once. Try-once requests never queue. See `turns`.
 //! - **No upgrade.** A nested scoped exclusive call inside a scoped shared
 //!   one for the same name is [`Error::Unsupported`]: `flock(2)` converts a
 //!   shared lock to exclusive by dropping it first, so another process
@@ -41,6 +45,11 @@
 //!   plus the name). Do not clean the directory while locks may be held; an
 //!   acquire that finds its file removed or replaced before it locked it
 //!   starts over on the current file.
+//! - **Queue files.** A lock that processes waited for has a
+//!   `<lock file>.queue` beside it (16 bytes, mode 0666 so that every user
+//!   of a shared directory can queue), and one `<lock file>.q<n>` per
+//!   process waiting now, removed when it stops waiting (one left by a
+//!   killed waiter is removed by the next waiter that may). See `queue`.
 //! - **Fencing tokens** ([`LockOptions::fenced`]) live in
 //!   `<lock file>.fence` (see [`crate::fence`]), written while the lock is
 //!   held; a fence write still running when its acquisition is cancelled
@@ -67,13 +76,17 @@ mod file;
 mod grant;
 mod note;
 mod proc_locks;
+mod queue;
 mod runs;
 mod turns;
+mod wake;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::core::arbiter::Arbiter;
+use tokio::sync::Notify;
+
+use crate::core::arbiter::{Arbiter, Slot};
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
 use crate::core::guard::Grant;
 use crate::key::{local_file_name, local_name_from_note};
@@ -199,8 +212,21 @@ impl Backend for LocalBackend {
                 application: at.settings.application_name.clone(),
             }),
             spare: Mutex::new(None),
-            turn: Mutex::new(turns::Turn::new(!at.opts.is_try_once(), &self.dir.join(at.key))),
+            turn: Mutex::new(turns::Turn::new(
+                !at.opts.is_try_once(),
+                at.opts.mode,
+                &self.dir.join(at.key),
+                at.hold
+                    .as_ref()
+                    .map(|h| wake::channel_of(Arc::as_ptr(h.slot()) as usize)),
+            )),
         }))
+    }
+
+    /// A release of the lock file in another process wakes its waiter here
+    /// (see [`wake`]).
+    fn wake(slot: &Slot) -> Option<&Notify> {
+        Some(wake::channel(wake::channel_of(slot as *const Slot as usize)))
     }
 
     /// # Cancel safety
@@ -218,11 +244,18 @@ impl Backend for LocalBackend {
             let mut turn = std::mem::take(&mut *tries.turn.lock().unwrap_or_else(PoisonError::into_inner));
             let req = tries.req.clone();
             let (tried, turn) = blocking(move || {
-                if turn.skip()? {
+                if !turn.may_try() {
                     return Ok((Tried::Busy(fd), turn));
                 }
-                let tried = attempt(&req, fd)?;
-                turn.after(matches!(tried, Tried::Locked(_)));
+                let tried = match attempt(&req, fd)? {
+                    // Just queued, first in line: the holder may have let
+                    // go before the watch began.
+                    Tried::Busy(fd) if turn.after(false) => attempt(&req, fd)?,
+                    tried => tried,
+                };
+                if matches!(tried, Tried::Locked(_)) {
+                    turn.after(true);
+                }
                 Ok((tried, turn))
             })
             .await?;
