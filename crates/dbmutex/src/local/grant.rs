@@ -34,18 +34,24 @@ impl FileGrant {
     }
 
     fn unlock(&mut self) -> Result<()> {
-        let r = match self.file.take().map(Arc::try_unwrap) {
+        let (r, freed) = match self.file.take().map(Arc::try_unwrap) {
             // Closing would free the lock even if unlocking failed.
-            Some(Ok(f)) => f
-                .unlock()
-                .map_err(|e| io_error("cannot unlock a lock file".into(), e)),
+            Some(Ok(f)) => (
+                f.unlock()
+                    .map_err(|e| io_error("cannot unlock a lock file".into(), e)),
+                true,
+            ),
             // A fence still being written (its acquisition was cancelled)
             // closes the file, and so frees the lock, once it is done: no
             // later holder's fence may overlap with it.
-            Some(Err(_)) | None => Ok(()),
+            Some(Err(_)) | None => (Ok(()), false),
         };
         // After the file, so the in-process waiter it wakes finds it free.
         self.hold = None;
+        // And the first waiter of another process, at once.
+        if freed {
+            super::turns::wake_first(&self.path);
+        }
         r
     }
 }

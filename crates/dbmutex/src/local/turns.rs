@@ -62,6 +62,17 @@ pub(super) struct Turn {
     channel: Option<usize>,
 }
 
+/// After a release of the lock file at `lock`: wakes the first process
+/// waiting for it, if it can be woken, rather than leave it to its next
+/// poll. Best effort, and cheap without waiters (one failed `open`).
+pub(super) fn wake_first(lock: &Path) {
+    if let Ok(Some(first)) = queue::waiting(lock, Mode::Exclusive, STALE) {
+        if let Some((address, channel)) = &first.wake {
+            wake::poke(address, *channel);
+        }
+    }
+}
+
 impl Turn {
     /// For an acquisition in `mode` of the lock file at `lock`, whose
     /// in-process slot wakes on `channel`.
