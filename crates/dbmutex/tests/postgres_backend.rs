@@ -1076,3 +1076,35 @@ async fn max_server_waits_zero_polls() {
         .unwrap();
     got.release().await.unwrap();
 }
+
+/// A try whose answer is still on its way when the acquisition is dropped
+/// (the window a cancellation can hit): the statement is finished in the
+/// background and the lock it took given back. Deterministic: a silent
+/// proxy holds the answer back while the acquisition is dropped; once the
+/// traffic flows again the lock must be free for another session, and stay
+/// free, and the locker works on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_dropped_in_flight_gives_its_lock_back() {
+    let url = pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let (proxied, frozen) = common::proxied(&format!("{url}{sep}sslmode=disable"), 5432).await;
+    let a = Backend::Postgres.connect(Locker::builder(&proxied)).await;
+    let other = Backend::Postgres.locker().await;
+    let name = unique("inflight");
+    frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    let cut = tokio::time::timeout(Duration::from_millis(200), a.try_lock(name.as_str())).await;
+    assert!(cut.is_err(), "the answer was held back: {cut:?}");
+    frozen.store(false, std::sync::atomic::Ordering::Relaxed);
+    // The try reaches the server now and takes the lock; its answer comes
+    // back to nobody but the background finisher, which unlocks. Nothing
+    // probes meanwhile (a probe could take the lock first, and the try
+    // would then fail on its own).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        common::free_for(&other, &name).await,
+        "the in-flight try's lock was kept"
+    );
+    let g = a.lock(name.as_str()).await.expect("the locker works on");
+    assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
+    g.release().await.unwrap();
+}

@@ -3,13 +3,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
 use super::conn::{PgConn, Text};
 use super::errors::{db_err, is_session_end};
 use super::pooler;
 use super::sql::Call;
-use crate::core::detach::Undo;
 use crate::key::PgKey;
 use crate::{Error, LockName, Mode, Result};
 
@@ -61,36 +58,66 @@ impl SessionLock {
         }));
     }
 
-    /// One `pg_try_advisory_lock*`, cancel-safe: the statement runs in its
-    /// own task, and a success travels back as an armed [`Undo`] that
-    /// unlocks if nobody is left to take it over — whether the acquisition
-    /// was dropped before the answer came or after it was sent. Session
-    /// locks are counted, so the undo releases exactly this grant even if
-    /// another task of ours has taken the key since.
+    /// One `pg_try_advisory_lock*`, polled by the caller (no task between
+    /// it and the connection), and cancel-safe: dropped before its answer,
+    /// the statement is finished on the connection's runtime, which unlocks
+    /// if it took the lock. Session locks are counted, so that unlock
+    /// releases exactly this try's lock even if another task of ours has
+    /// taken the key since.
     pub(crate) async fn try_lock(&self) -> Result<bool> {
-        let (tx, rx) = oneshot::channel();
         let this = self.clone();
-        // On the connection's runtime: if the caller's runtime shuts down
-        // meanwhile, the task (and the undo of an unreceived grant) still runs.
-        drop(self.conn.runtime.spawn(async move {
-            let r = this
-                .conn
-                .lock_call(Call::Try, this.mode, &this.key, &this.name, this.text)
-                .await;
-            let r = match r {
-                Err(e) => Err(db_err(e, &this.name)),
-                Ok(None) => Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into())),
-                Ok(Some(got)) => Ok(got.then(|| Undo::with(this, SessionLock::spawn_unlock))),
-            };
-            // If the receiver is gone, `r` drops here, and an armed undo in
-            // it unlocks.
-            let _ = tx.send(r);
-        }));
-        match rx.await {
-            Ok(r) => Ok(r?.map(|mut taken| taken.take()).is_some()),
-            Err(_) => Err(Error::Database(
-                "the lock statement's task ended unexpectedly".into(),
-            )),
+        let call = InFlight {
+            call: Some(Box::pin(async move {
+                this.conn
+                    .lock_call(Call::Try, this.mode, &this.key, &this.name, this.text)
+                    .await
+            })),
+            lock: self.clone(),
+            sent: false,
+        };
+        match call.await {
+            Err(e) => Err(db_err(e, &self.name)),
+            Ok(None) => Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into())),
+            Ok(Some(got)) => Ok(got),
+        }
+    }
+}
+
+type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
+
+/// A try on its way: polled in place; dropped once sent (polled) and
+/// unanswered, it is finished in the background and its lock, if it got
+/// one, given back. Dropped before its first poll, nothing was sent.
+struct InFlight {
+    call: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>>,
+    lock: SessionLock,
+    sent: bool,
+}
+
+impl std::future::Future for InFlight {
+    type Output = Answer;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Answer> {
+        let Some(call) = self.call.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let polled = call.as_mut().poll(cx);
+        self.sent = true;
+        let answer = std::task::ready!(polled);
+        self.call = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take().filter(|_| self.sent) {
+            let lock = self.lock.clone();
+            drop(self.lock.conn.runtime.spawn(async move {
+                if let Ok(Some(true)) = call.await {
+                    let _ = lock.unlock().await;
+                }
+            }));
         }
     }
 }
