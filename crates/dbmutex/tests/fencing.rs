@@ -346,20 +346,8 @@ async fn cancelled_fenced_acquires_leave_nothing_held() {
 /// runs) and granted SELECT, INSERT, UPDATE as documented, it gets tokens.
 #[tokio::test]
 async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
-    let schema = resource_table();
-    let role = format!("{schema}_app");
-    let raw = pg_raw().await;
-    raw.batch_execute(&format!(
-        "CREATE SCHEMA {schema}; CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}"
-    ))
-    .await
-    .unwrap();
-    let url_as = |user: &str| {
-        let rest = pg_url().split_once('@').unwrap().1.to_owned();
-        let sep = if rest.contains('?') { '&' } else { '?' };
-        format!("postgres://{user}@{rest}{sep}options=-csearch_path%3D{schema}")
-    };
-    let app = Backend::Postgres.connect(Locker::builder(&url_as(&role))).await;
+    let sandbox = common::PgSandbox::new("fence_priv").await;
+    let app = sandbox.locker_as(&sandbox.role).await;
     let name = unique("fence-priv");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
     assert!(
@@ -368,7 +356,7 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
     );
     assert!(common::free_for(&Backend::Postgres.locker().await, &name).await);
 
-    let admin = pg_in_schema(&schema).await;
+    let admin = sandbox.locker_as("postgres").await;
     admin.create_tables().await.unwrap();
     admin.create_tables().await.expect("again: already there is fine");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
@@ -376,20 +364,12 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
         matches!(&err, Error::Config(m) if m.contains("write")),
         "without grants: {err:?}"
     );
-    raw.batch_execute(&format!(
-        "GRANT SELECT, INSERT, UPDATE ON {schema}.dbmutex_fence TO {role}"
-    ))
-    .await
-    .unwrap();
+    sandbox.grant("dbmutex_fence").await;
     let (g, t) = fence_of(&app, &name).await;
     assert_eq!(t, 1);
     g.release().await.unwrap();
     drop((app, admin));
-    raw.batch_execute(&format!(
-        "DROP SCHEMA {schema} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}"
-    ))
-    .await
-    .unwrap();
+    sandbox.remove().await;
 }
 
 /// The same on MySQL/MariaDB, with a user that has only the documented

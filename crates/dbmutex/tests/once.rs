@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{mysql_raw, pg_raw, unique, Backend};
 use dbmutex::runs::{OncePer, RunStart};
-use dbmutex::{Error, LockOptions, Locker};
+use dbmutex::{Error, LockOptions};
 use mysql_async::prelude::Queryable;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -337,20 +337,8 @@ async fn mysql_window_is_on_the_servers_clock() {
 /// made by `create_tables` and the documented grants, it runs.
 #[tokio::test]
 async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
-    let schema = unique("once_priv").replace('-', "_");
-    let role = format!("{schema}_app");
-    let raw = pg_raw().await;
-    raw.batch_execute(&format!(
-        "CREATE SCHEMA {schema}; CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}"
-    ))
-    .await
-    .unwrap();
-    let url_as = |user: &str| {
-        let rest = common::pg_url().split_once('@').unwrap().1.to_owned();
-        let sep = if rest.contains('?') { '&' } else { '?' };
-        format!("postgres://{user}@{rest}{sep}options=-csearch_path%3D{schema}")
-    };
-    let app = Backend::Postgres.connect(Locker::builder(&url_as(&role))).await;
+    let sandbox = common::PgSandbox::new("once_priv").await;
+    let app = sandbox.locker_as(&sandbox.role).await;
     let name = unique("once-priv");
     let e = app
         .once_per(name.as_str(), HOUR, &opts(), || async {})
@@ -366,26 +354,16 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
         None,
         "no table: no run"
     );
-    let admin = Backend::Postgres
-        .connect(Locker::builder(&url_as("postgres")))
-        .await;
+    let admin = sandbox.locker_as("postgres").await;
     admin.create_tables().await.unwrap();
-    raw.batch_execute(&format!(
-        "GRANT SELECT, INSERT, UPDATE ON {schema}.dbmutex_runs TO {role}"
-    ))
-    .await
-    .unwrap();
+    sandbox.grant("dbmutex_runs").await;
     let out = app
         .once_per(name.as_str(), HOUR, &opts(), || async { 1 })
         .await
         .unwrap();
     assert_eq!(out, OncePer::Ran(1));
     drop((app, admin));
-    raw.batch_execute(&format!(
-        "DROP SCHEMA {schema} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}"
-    ))
-    .await
-    .unwrap();
+    sandbox.remove().await;
 }
 
 #[tokio::test]

@@ -214,17 +214,7 @@ impl LockGuard {
     ///
     /// Cancel-safe: the future only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let lost = self.loss.lost();
-        let at = self.max_hold_at;
-        async move {
-            match at {
-                Some(at) => tokio::select! {
-                    () = lost => {}
-                    () = tokio::time::sleep_until(at) => {}
-                },
-                None => lost.await,
-            }
-        }
+        self.loss.lost_or_past(self.max_hold_at)
     }
 
     /// True once the hold has lasted longer than its

@@ -69,6 +69,24 @@ impl LossToken {
             std::future::pending::<()>().await
         }
     }
+
+    /// Completes when the lock is lost, or at `max_hold_at` (a hold's
+    /// `max_hold`), whichever comes first.
+    pub(crate) fn lost_or_past(
+        &self,
+        max_hold_at: Option<tokio::time::Instant>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let lost = self.lost();
+        async move {
+            match max_hold_at {
+                Some(at) => tokio::select! {
+                    () = lost => {}
+                    () = tokio::time::sleep_until(at) => {}
+                },
+                None => lost.await,
+            }
+        }
+    }
 }
 
 #[cfg(test)]

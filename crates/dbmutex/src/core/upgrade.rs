@@ -123,16 +123,7 @@ pub(crate) struct Upgraded {
 impl Upgraded {
     /// Completes if the session is lost while upgraded, or at `max_hold`.
     pub(crate) fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let (lost, at) = (self.loss.lost(), self.max_hold_at);
-        async move {
-            match at {
-                Some(at) => tokio::select! {
-                    () = lost => {}
-                    () = tokio::time::sleep_until(at) => {}
-                },
-                None => lost.await,
-            }
-        }
+        self.loss.lost_or_past(self.max_hold_at)
     }
 
     /// Whether the upgraded hold has lasted past its `max_hold`.

@@ -238,6 +238,66 @@ impl<F: Future> Future for CancelAfter<F> {
     }
 }
 
+/// A PostgreSQL schema of its own and a login role that may use it but
+/// create nothing in it: the least-privilege deployment of `dbmutex init`.
+pub struct PgSandbox {
+    pub schema: String,
+    pub role: String,
+}
+
+impl PgSandbox {
+    /// Creates both (names unique to this test run, from `tag`).
+    pub async fn new(tag: &str) -> PgSandbox {
+        let schema = unique(tag).replace('-', "_");
+        let role = format!("{schema}_app");
+        pg_raw()
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}"
+            ))
+            .await
+            .unwrap();
+        PgSandbox { schema, role }
+    }
+
+    /// A locker connected as `user` (the sandbox's role, or the test
+    /// server's superuser `postgres`), with the schema as its search path.
+    pub async fn locker_as(&self, user: &str) -> Locker {
+        let rest = pg_url().split_once('@').unwrap().1.to_owned();
+        let sep = if rest.contains('?') { '&' } else { '?' };
+        let url = format!(
+            "postgres://{user}@{rest}{sep}options=-csearch_path%3D{}",
+            self.schema
+        );
+        Backend::Postgres.connect(Locker::builder(&url)).await
+    }
+
+    /// The documented grants on one of dbmutex's tables, to the role.
+    pub async fn grant(&self, table: &str) {
+        pg_raw()
+            .await
+            .batch_execute(&format!(
+                "GRANT SELECT, INSERT, UPDATE ON {}.{table} TO {}",
+                self.schema, self.role
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// Drops both.
+    pub async fn remove(self) {
+        pg_raw()
+            .await
+            .batch_execute(&format!(
+                "DROP SCHEMA {} CASCADE; DROP OWNED BY {role}; DROP ROLE {role}",
+                self.schema,
+                role = self.role
+            ))
+            .await
+            .unwrap();
+    }
+}
+
 /// Runs `call()` again and again, cancelled at its first, second, …
 /// await point, until a run completes (its output is returned); after each
 /// cancellation `name` must come free for `other` within 10 s. Panics if
