@@ -5,47 +5,24 @@
 //! (exclusion, timeouts, hand-off, cancellation, unsupported options) is in
 //! `behaviour.rs`.
 
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
 use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dbmutex::{BackendKind, Error, LockOptions, Locker, Mode};
+use tempdir::TempDir;
 
 /// Set in a child process: the name of the lock it holds.
 const CHILD_ENV: &str = "DBMUTEX_TEST_CHILD_LOCK";
 /// Set to `shared` in a child process that holds its lock shared.
 const CHILD_MODE_ENV: &str = "DBMUTEX_TEST_CHILD_MODE";
 const FLOCK: &str = "/usr/bin/flock";
-
-/// A fresh directory under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "dbmutex-local-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A locker on `dir`. Two lockers on one directory have separate in-process
 /// arbitration, so only the file lock keeps them apart, as for two processes.
@@ -154,7 +131,7 @@ extern "C" fn child_main() {
 /// exclusion itself is tested in `behaviour.rs`).
 #[tokio::test]
 async fn shared_holders_are_listed_per_guard() {
-    let dir = TempDir::new("shared");
+    let dir = TempDir::new("local-shared");
     let (a, b) = (local(&dir).await, local(&dir).await);
     let shared = LockOptions::try_once().shared(true);
     let s1 = a.acquire("doc", &shared).await.unwrap().expect("first reader");
@@ -204,7 +181,7 @@ async fn shared_holders_are_listed_per_guard() {
 /// not in the background as the server backends do.
 #[tokio::test]
 async fn dropped_guard_frees_at_once() {
-    let dir = TempDir::new("try");
+    let dir = TempDir::new("local-try");
     let (a, b) = (local(&dir).await, local(&dir).await);
     assert!(!b.is_locked("job").await.unwrap());
     let g = a.try_lock("job").await.unwrap().expect("free");
@@ -225,7 +202,7 @@ async fn flock_1_and_dbmutex_exclude_each_other() {
         Path::new(FLOCK).exists(),
         "{FLOCK} (util-linux) is needed for this test"
     );
-    let dir = TempDir::new("flock");
+    let dir = TempDir::new("local-flock");
     let l = local(&dir).await;
     let path = dir.path().join(l.key_of("shell").unwrap());
     let flock_now = |mode: &str| {
@@ -302,7 +279,7 @@ async fn flock_1_and_dbmutex_exclude_each_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_dbmutex_process_contends_and_is_reported() {
-    let dir = TempDir::new("process");
+    let dir = TempDir::new("local-process");
     let l = local(&dir).await;
 
     let child = dbmutex_child(&dir, "xproc", Mode::Exclusive);
@@ -369,7 +346,7 @@ async fn another_dbmutex_process_contends_and_is_reported() {
 
 #[tokio::test]
 async fn file_urls_and_directories() {
-    let base = TempDir::new("url");
+    let base = TempDir::new("local-url");
     let dir = base.path().join("nested/locks");
     let l = Locker::connect(&format!("file://{}", dir.display()))
         .await
@@ -411,7 +388,7 @@ async fn with_lock_result_unpacks_in_one_step() {
             AppError::Lock(e.to_string())
         }
     }
-    let dir = TempDir::new("result");
+    let dir = TempDir::new("local-result");
     let (a, b) = (local(&dir).await, local(&dir).await);
     let opts = LockOptions::try_once();
     let ok = a
@@ -443,7 +420,7 @@ async fn with_lock_result_unpacks_in_one_step() {
 /// releaser wins the file back nearly every time (5.5 % hand-offs measured).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_lockers_take_turns() {
-    let dir = TempDir::new("turns");
+    let dir = TempDir::new("local-turns");
     let lockers = [local(&dir).await, local(&dir).await];
     let last = std::sync::Arc::new(std::sync::Mutex::new((usize::MAX, 0u32, [0u32; 2])));
     let until = Instant::now() + Duration::from_millis(1500);

@@ -4,14 +4,17 @@
 //! blocks nobody. Structure, not speed: the figures are the bench's
 //! (`dbmutex-bench --scenario fairness`).
 
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
 use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dbmutex::{LockOptions, Locker};
+use tempdir::TempDir;
 
 /// Set in a child: what it does (`loop` or `wait`) with the lock `fair`.
 const CHILD_ENV: &str = "DBMUTEX_FAIR_CHILD";
@@ -20,25 +23,6 @@ const NAME: &str = "fair";
 const HOLD: Duration = Duration::from_millis(1);
 /// How long the `loop` children contend.
 const CONTEND: Duration = Duration::from_millis(1000);
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "dbmutex-fair-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
 
 /// The tickets of processes waiting now in `dir` (`<lock file>.q<n>`).
 fn tickets(dir: &Path) -> usize {
@@ -59,12 +43,6 @@ async fn await_tickets(dir: &Path, n: usize) {
     while tickets(dir) < n {
         assert!(Instant::now() < until, "never {n} waiters queued");
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -171,7 +149,7 @@ extern "C" fn child_main() {
 /// hand-offs.
 #[test]
 fn two_processes_alternate() {
-    let dir = TempDir::new("alternate");
+    let dir = TempDir::new("fair-alternate");
     let mut children = [Child::spawn(&dir, "loop"), Child::spawn(&dir, "loop")];
     for c in &children {
         assert_eq!(c.line(), "ready");
@@ -214,7 +192,7 @@ fn two_processes_alternate() {
 /// process. Either way the next waiter gets the lock once it is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_or_killed_waiters_block_nobody() {
-    let dir = TempDir::new("stuck");
+    let dir = TempDir::new("fair-stuck");
     let holder = Locker::local_builder(Some(dir.path().to_owned()))
         .connect()
         .await
@@ -259,7 +237,7 @@ async fn stopped_or_killed_waiters_block_nobody() {
 /// once, and the next gets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiter_leaves_the_queue() {
-    let dir = TempDir::new("cancel");
+    let dir = TempDir::new("fair-cancel");
     let lockers: Vec<Locker> = lockers_on(&dir, 3).await;
     let held = lockers[0]
         .acquire(NAME, &LockOptions::try_once())
