@@ -36,7 +36,11 @@
 //!   delete or swap other users' lock files.
 //!
 //! What it cannot prevent: a local user may hold any lock forever (denial
-//! of service), and the owner of a lock file (whoever created it first) or
+//! of service) — or stand first in its queue, keeping a ticket fresh
+//! without ever taking the lock, which stalls the waiters behind it the
+//! same way, and may rewrite the queue's counter (`<lock file>.queue` is
+//! mode 0666 so that every user can queue), which disturbs the order only
+//! — and the owner of a lock file (whoever created it first) or
 //! of the directory (whoever created it first after boot, unless root made
 //! it, e.g. with the tmpfiles.d line `d /run/lock/dbmutex 1777 root root -`)
 //! can delete a lock file while it is held, after which a second holder can

@@ -179,6 +179,16 @@ fn last_run(row: &Row) -> Result<(LastRun, i64)> {
 /// [`Backend::last_run`](crate::core::backend::Backend::last_run): on any
 /// connection, with no lock; no table yet is no run.
 pub(super) async fn last(conn: &PgConn, key: &str, name: &LockName) -> Result<Option<LastRun>> {
+    // Asked first (as the read would resolve it, by the search path), so
+    // that a status on a server that never ran anything logs no error.
+    let exists = conn
+        .client
+        .query_typed("SELECT to_regclass('dbmutex_runs') IS NOT NULL", &[])
+        .await
+        .map_err(|e| Error::Database(Box::new(e)))?;
+    if !exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
+        return Ok(None);
+    }
     match read(conn, key, name).await {
         Ok(r) => Ok(r.map(|(last, _)| last)),
         Err(Failed::NoTable(_)) => Ok(None),
