@@ -63,6 +63,7 @@ impl BackendKind {
                 can_lose: true,
                 session_locks: true,
                 fencing: true,
+                upgrade: true,
             },
             BackendKind::Mysql => Capabilities {
                 shared: false,
@@ -71,6 +72,7 @@ impl BackendKind {
                 can_lose: true,
                 session_locks: true,
                 fencing: true,
+                upgrade: false,
             },
             BackendKind::Local => Capabilities {
                 shared: true,
@@ -79,6 +81,7 @@ impl BackendKind {
                 can_lose: false,
                 session_locks: true,
                 fencing: true,
+                upgrade: false,
             },
         }
     }
@@ -106,6 +109,13 @@ pub struct Capabilities {
     pub session_locks: bool,
     /// Fencing tokens ([`LockOptions::fenced`](crate::LockOptions::fenced)).
     pub fencing: bool,
+    /// Upgrade inside one task: a nested scoped exclusive call inside a
+    /// scoped shared one for the same name takes it exclusive without
+    /// letting the shared lock go (see
+    /// [`Locker::with_lock`](crate::Locker::with_lock)). The local backend
+    /// cannot (`flock(2)` drops the shared lock to convert it), MySQL has no
+    /// shared locks.
+    pub upgrade: bool,
 }
 
 /// Who holds a lock, as the server reports it.

@@ -668,6 +668,9 @@ async fn what_cannot_upgrade_is_unsupported_not_a_hang() {
     }))
     .await;
     unsupported(r, "MySQL shared outer");
+    // The capability table says the same.
+    let can = |l: &Locker| l.capabilities().upgrade;
+    assert_eq!((can(&pg), can(&l1), can(&my)), (true, false, false));
 }
 
 /// An acquisition that would wait for the task's own scoped hold fails
