@@ -244,6 +244,23 @@ for_each_backend! {
     local: [],
 }
 
+/// A transaction-level lock's record would roll back with its transaction:
+/// the guard-level start is refused with `Unsupported`, like `once_per`.
+#[tokio::test]
+async fn postgres_transaction_lock_cannot_start_a_run() {
+    let l = Backend::Postgres.locker().await;
+    let name = unique("once-xact");
+    let g = l
+        .acquire(name.as_str(), &LockOptions::new().transaction(true))
+        .await
+        .unwrap()
+        .unwrap();
+    let e = g.start_run(HOUR).await.unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+    g.release().await.unwrap();
+    assert_eq!(l.last_run(name.as_str()).await.unwrap(), None);
+}
+
 /// A holder whose session is killed after its start was recorded cannot
 /// record an end (nor could it start another); the next worker finds the
 /// window used.

@@ -726,3 +726,75 @@ async fn waiting_for_ones_own_scoped_hold_is_a_deadlock() {
         assert_eq!(l.held_count(), 0);
     }
 }
+
+/// Another session waiting in the server for the name (a dbmutex waiter
+/// with the default strategy, the gem, psql) waits for the upgrader's
+/// shared lock, and the server refuses the upgrader's exclusive try while
+/// that waiter is queued: a deadlock the server's detector cannot see. The
+/// upgrader gets `Error::Deadlock` at once — not a hang, not its timeout —
+/// keeps its shared lock, and the waiter gets the lock once the outer call
+/// ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_behind_a_server_waiter_is_a_deadlock_not_a_hang() {
+    let obs = pg_raw().await;
+    let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
+    let name = unique("up-server-waiter");
+    let n = name.as_str();
+    let mut waiter = None;
+    let r = bounded(a.with_lock(n, &LockOptions::new().shared(true), || async {
+        waiter = Some(acquired_later(&b, n));
+        let waiting = eventually(SETTLE, || async {
+            let (c, o, s) = key(n).pg_locks_ids();
+            obs.query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid = $1 AND objid = $2 AND objsubid = $3",
+                &[&c, &o, &s],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+                == 1
+        })
+        .await;
+        assert!(waiting, "the other locker waits in the server");
+        let t0 = Instant::now();
+        let r = a
+            .with_lock(n, &exclusive().timeout(Duration::from_secs(20)), || async {
+                panic!("upgraded past a waiter that waits for us")
+            })
+            .await;
+        assert!(matches!(r, Err(Error::Deadlock { .. })), "{r:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "reported after {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(
+            modes(&obs, key(n)).await,
+            (1, 0),
+            "the shared lock stays, nothing more"
+        );
+    }))
+    .await;
+    acquired(r.unwrap());
+    let g = waiter
+        .expect("started")
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock once the outer call ends");
+    g.release().await.unwrap();
+}
+
+/// `l` waiting for `name` exclusive, with the default strategy (try, then
+/// wait in the server), for up to 30 s.
+fn acquired_later(
+    l: &Locker,
+    name: &str,
+) -> tokio::task::JoinHandle<dbmutex::Result<Option<dbmutex::LockGuard>>> {
+    let (l, name) = (l.clone(), name.to_owned());
+    tokio::spawn(async move {
+        l.acquire(name.as_str(), &exclusive().timeout(Duration::from_secs(30)))
+            .await
+    })
+}

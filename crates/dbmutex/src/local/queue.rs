@@ -119,8 +119,10 @@ fn first_live(lock: &Path, lo: u64, below: u64, mode: Mode, stale: Duration) -> 
         if !fresh {
             continue;
         }
+        // Only one of our own wake-up sockets: in a shared directory
+        // another user could name any abstract socket here.
         let wake = match (words.next(), words.next().and_then(|c| c.parse().ok())) {
-            (Some(a), Some(c)) => Some((a.to_owned(), c)),
+            (Some(a), Some(c)) if a.starts_with(super::wake::PREFIX) => Some((a.to_owned(), c)),
             _ => None,
         };
         return Ok(Some(Ahead { n, wake }));

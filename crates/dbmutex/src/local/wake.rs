@@ -18,6 +18,9 @@
 
 use tokio::sync::Notify;
 
+/// Every wake-up socket's name starts so.
+pub(super) const PREFIX: &str = "dbmutex-wake-";
+
 /// The number of wake-up channels.
 const CHANNELS: usize = 64;
 
@@ -59,7 +62,7 @@ pub(super) fn address() -> Option<&'static str> {
 fn bind() -> Option<String> {
     use std::os::linux::net::SocketAddrExt;
     use std::os::unix::net::{SocketAddr, UnixDatagram};
-    let name = format!("dbmutex-wake-{}-{:016x}", std::process::id(), fastrand::u64(..));
+    let name = format!("{PREFIX}{}-{:016x}", std::process::id(), fastrand::u64(..));
     let bound = SocketAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixDatagram::bind_addr(&a));
     let socket = match bound {
         Ok(s) => s,

@@ -111,3 +111,29 @@ pub(crate) async fn holds(
         .await?;
     Ok(rows.first().map(|r| r.get::<_, bool>(0)))
 }
+
+/// Whether a session other than this connection's waits in the server for
+/// `key` (any mode) in this database: while this session holds `key`
+/// shared, such a waiter waits for it, and the server refuses this
+/// session's exclusive try for as long as the waiter is queued.
+pub(crate) async fn waited_for(
+    conn: &PgConn,
+    key: &PgKey,
+) -> std::result::Result<bool, tokio_postgres::Error> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let rows = conn
+        .client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND pid <> pg_backend_pid() \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND classid = $1 AND objid = $2 AND objsubid = $3)",
+            &[
+                (&classid, Type::OID),
+                (&objid, Type::OID),
+                (&objsubid, Type::INT2),
+            ],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+}

@@ -41,8 +41,8 @@
 //! see it. So a waiting upgrader holds an *intent* lock (a `bigint` key
 //! with the high bit set, mixed from the name's; `list` shows it unnamed):
 //! a second upgrader in another process finds it and fails at once with
-//! [`Error::Deadlock`]. The gem's upgraders are not detected: bound the
-//! wait. A transaction lock on either side, or a fenced nested call, is
+//! [`Error::Deadlock`], as does one behind a session waiting in the server
+//! for the name (that session waits for the upgrader's shared lock). A transaction lock on either side, or a fenced nested call, is
 //! [`Error::Unsupported`].
 //!
 //! A lock lives as long as its connection: when the connection ends (server

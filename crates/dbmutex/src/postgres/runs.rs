@@ -41,14 +41,21 @@ const FINISH: &str = "UPDATE dbmutex_runs SET finished_at = clock_timestamp(), e
      AND set_config('lock_timeout', '250ms', true) IS NOT NULL RETURNING run";
 
 /// A grant's [`start_run`](crate::core::guard::Grant::start_run): `lock` is
-/// the grant's lock while it holds it.
+/// the grant's session lock while it holds it (`None` for a transaction
+/// lock).
 pub(crate) fn start_for_grant(
     lock: Option<SessionLock>,
     window: Duration,
     who: Who,
 ) -> BoxFuture<Result<RunStart>> {
     Box::pin(async move {
-        let lock = lock.ok_or_else(|| Error::Database("a run under a released lock".into()))?;
+        let lock = lock.ok_or_else(|| {
+            Error::Unsupported(
+                "once-per-window runs need a held session lock (not transaction(true): its record \
+                 would roll back with its transaction)"
+                    .into(),
+            )
+        })?;
         start(&lock.conn, &lock.key.to_string(), &lock.name, window, &who).await
     })
 }

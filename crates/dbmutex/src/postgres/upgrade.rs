@@ -71,9 +71,29 @@ impl Upgrade for PgUpgrade {
         self.in_process
     }
 
+    /// A failed try asks whether another session waits in the server for
+    /// the key: the server refuses this session's exclusive try while any
+    /// waiter is queued (even though this session holds the key), and that
+    /// waiter waits for this session's shared lock — a deadlock outside
+    /// the server's detector (it sees no waiting upgrader), reported
+    /// rather than waited out.
     fn try_exclusive(&self) -> BoxFuture<Result<bool>> {
         let lock = self.lock.clone();
-        Box::pin(async move { lock.try_lock().await })
+        Box::pin(async move {
+            if lock.try_lock().await? {
+                return Ok(true);
+            }
+            match super::introspect::waited_for(&lock.conn, &lock.key).await {
+                Ok(false) => Ok(false),
+                Ok(true) => Err(Error::Deadlock {
+                    name: lock.name.to_string(),
+                    source: "another session waits in the server for this lock, and so for this \
+                             task's shared hold of it, which the upgrade keeps: neither could go on"
+                        .into(),
+                }),
+                Err(e) => Err(super::errors::db_err(e, &lock.name)),
+            }
+        })
     }
 
     fn unlock_exclusive(&self, after: Box<dyn Send + Sync>) -> BoxFuture<Result<()>> {
