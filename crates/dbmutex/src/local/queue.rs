@@ -311,7 +311,8 @@ mod tests {
         let dir = TempDir::new("queue");
         let lock = dir.path().join("q.lock");
         assert!(waiting(&lock, Mode::Exclusive, STALE).unwrap().is_none());
-        let a = Ticket::take(&lock, Mode::Exclusive, Some(("addr", 7)))
+        let addr = format!("{}test", super::super::wake::PREFIX);
+        let a = Ticket::take(&lock, Mode::Exclusive, Some((addr.as_str(), 7)))
             .unwrap()
             .unwrap();
         let b = Ticket::take(&lock, Mode::Shared, None).unwrap().unwrap();
@@ -319,7 +320,13 @@ mod tests {
         assert!(a.n < b.n && b.n < c.n);
         assert!(a.ahead(STALE).unwrap().is_none(), "the first is the head");
         let first = b.ahead(STALE).unwrap().unwrap();
-        assert_eq!((first.n, first.wake), (a.n, Some(("addr".to_owned(), 7))));
+        assert_eq!((first.n, first.wake), (a.n, Some((addr.clone(), 7))));
+        // Another user writes tickets too: only our own sockets are poked.
+        let other = TempDir::new("queue-addr");
+        let x = Ticket::take(&other.path().join("x.lock"), Mode::Exclusive, Some(("other", 3)));
+        let y = Ticket::take(&other.path().join("x.lock"), Mode::Exclusive, None);
+        let ahead = y.unwrap().unwrap().ahead(STALE).unwrap().unwrap();
+        assert_eq!((ahead.n, ahead.wake), (x.unwrap().unwrap().n, None));
         assert_eq!(
             waiting(&lock, Mode::Shared, STALE).unwrap().map(|w| w.n),
             Some(a.n)
