@@ -68,11 +68,11 @@ impl Locker {
         let run = match guard.start_run(window).await {
             Ok(RunStart::Due(run)) => run,
             Ok(RunStart::NotDue(last)) => {
-                release(guard).await;
+                release(Held::Guard(guard)).await;
                 return Ok(OncePer::NotDue(last));
             }
             Err(e) => {
-                release(guard).await;
+                release(Held::Guard(guard)).await;
                 return Err(e);
             }
         };
@@ -85,9 +85,7 @@ impl Locker {
                         tracing::warn!(name = %shown, error = %e, "dbmutex: could not record the end of a run");
                     }
                 }
-                if let Err(e) = held.release().await {
-                    tracing::warn!(error = %e, "dbmutex: unlock after a once-per-window call failed");
-                }
+                release(held).await;
                 Ok(OncePer::Ran(v))
             }
             None => Err(held.stopped(shown, opts).await),
@@ -97,8 +95,8 @@ impl Locker {
 
 /// Releases after the work, whose outcome stands either way: a failed
 /// release has closed the connection, so the server freed the lock.
-async fn release(guard: crate::LockGuard) {
-    if let Err(e) = guard.release().await {
+async fn release(held: Held) {
+    if let Err(e) = held.release().await {
         tracing::warn!(error = %e, "dbmutex: unlock after a once-per-window call failed");
     }
 }

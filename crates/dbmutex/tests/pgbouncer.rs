@@ -273,6 +273,33 @@ async fn a_session_pooler_is_not_flagged() {
     assert!(common::free_for(&direct, &name).await);
 }
 
+/// Once-per-window runs through a session pooler: the run's statements go
+/// on the lock's own (pinned) session; a direct client then finds the run
+/// recorded and not due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_per_window_through_a_session_pooler() {
+    let bouncer = PgBouncer::start("session").await;
+    let pooled = Locker::connect(&bouncer.url())
+        .await
+        .expect("connect through pgbouncer");
+    let name = unique("pgb-once");
+    let hour = Duration::from_secs(3600);
+    let out = pooled
+        .once_per(name.as_str(), hour, &LockOptions::new(), || async { 1 })
+        .await
+        .unwrap();
+    assert_eq!(out, dbmutex::runs::OncePer::Ran(1));
+    let direct = Locker::connect(&common::pg_url()).await.unwrap();
+    let out = direct
+        .once_per(name.as_str(), hour, &LockOptions::new(), || async { 2 })
+        .await
+        .unwrap();
+    assert!(
+        matches!(out, dbmutex::runs::OncePer::NotDue(ref l) if l.run == 1 && l.exit_code == Some(0)),
+        "{out:?}"
+    );
+}
+
 /// Transaction-level locks through the transaction pooler exclude each other
 /// (and a direct client) under real concurrency: lockers × tasks contend for
 /// one name, polling and waiting in the server, and a counter proves no two
