@@ -5,10 +5,11 @@
 //! (exclusion, timeouts, hand-off, cancellation, unsupported options) is in
 //! `behaviour.rs`.
 
+#[path = "common/lines.rs"]
+mod lines;
 #[path = "common/tempdir.rs"]
 mod tempdir;
 
-use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -46,13 +47,7 @@ impl Child {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in out.lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let lines = lines::of(&mut child);
         Child { child, lines }
     }
 

@@ -4,6 +4,8 @@
 //! blocks nobody. Structure, not speed: the figures are the bench's
 //! (`dbmutex-bench --scenario fairness`).
 
+#[path = "common/lines.rs"]
+mod lines;
 #[path = "common/tempdir.rs"]
 mod tempdir;
 
@@ -60,13 +62,7 @@ impl Child {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in out.lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let lines = lines::of(&mut child);
         Child { child, lines }
     }
 
