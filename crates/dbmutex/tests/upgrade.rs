@@ -126,6 +126,14 @@ async fn settles(c: &tokio_postgres::Client, name: &str, want: (i64, i64)) -> bo
     .await
 }
 
+/// `l`'s guard on `name`, shared (free or shared elsewhere: taken at once).
+async fn shared_guard(l: &Locker, name: &str) -> dbmutex::LockGuard {
+    l.acquire(name, &LockOptions::new().shared(true))
+        .await
+        .unwrap()
+        .expect("shared beside shared holders")
+}
+
 /// `f`, which must not hang.
 async fn bounded<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(5), f)
@@ -174,11 +182,7 @@ async fn an_upgrade_waits_for_the_other_holders_and_ends_shared() {
             .run(&a, n, || async {
                 // Another locker holds it shared (taken inside: the outer
                 // call may first wait behind an exclusive holder).
-                let b_guard = b
-                    .acquire(n, &LockOptions::new().shared(true))
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let b_guard = shared_guard(&b, n).await;
                 // Another task of the locker holds it shared until told.
                 let (leave, left) = oneshot::channel::<()>();
                 let (inside, is_inside) = oneshot::channel();
@@ -297,11 +301,7 @@ async fn an_upgrade_not_acquired_in_time_keeps_the_shared_lock() {
         let n = name.as_str();
         outer
             .run(&a, n, || async {
-                let b_guard = b
-                    .acquire(n, &LockOptions::new().shared(true))
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let b_guard = shared_guard(&b, n).await;
                 let ran = || async { panic!("{outer:?}: ran without the exclusive lock") };
                 let t0 = Instant::now();
                 let r = a.with_lock(n, &LockOptions::try_once(), ran).await.unwrap();
@@ -350,11 +350,7 @@ async fn a_cancelled_upgrade_leaves_the_shared_lock_only() {
         let n = name.as_str();
         outer
             .run(&a, n, || async {
-                let b_guard = b
-                    .acquire(n, &LockOptions::new().shared(true))
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let b_guard = shared_guard(&b, n).await;
                 // Contended: past the try, the intent claim, the pause.
                 let x = exclusive();
                 for k in 0..8 {
@@ -412,11 +408,7 @@ async fn a_cancelled_upgrade_leaves_the_shared_lock_only() {
         // The outer call cancelled while its nested upgrade waits, then
         // while upgraded: everything goes.
         let (opts, x) = (outer.opts(), exclusive());
-        let b_guard = b
-            .acquire(n, &LockOptions::new().shared(true))
-            .await
-            .unwrap()
-            .unwrap();
+        let b_guard = shared_guard(&b, n).await;
         let (tx, rx) = oneshot::channel();
         let waiting = a.with_lock(n, &opts, || async {
             tx.send(()).unwrap();
