@@ -157,15 +157,18 @@ impl LockerBuilder {
     /// name it once the connection has been quiet for the
     /// [`keepalive`](Self::keepalive) period; a locker's own `list` names its
     /// locks at once). The lock session's try and unlock statements carry no
-    /// name: each is `PREPARE`d once per connection under a name of the
-    /// connection's own (`dbmutex_` and its random claim token) and run with
-    /// `EXECUTE`, safe behind any pooler (no other client can know the
-    /// name). With `false`, no statement carries a name, and the lock
-    /// session's statements are protocol-level prepared statements, a little
-    /// cheaper again (BENCHMARKS.md) but not for use behind a pooler that
-    /// could slip past the connect-time check: tokio-postgres names them
-    /// `s0`, `s1`, … in every process, so a name could meet another
-    /// client's statement.
+    /// name, and are parsed once per connection: on a connection that
+    /// reaches the server itself (the server's own address and port for the
+    /// session are the ones dialed: no proxy in between), as protocol-level
+    /// prepared statements; anywhere else (a pooler, a Unix socket, several
+    /// hosts), `PREPARE`d under a name of the connection's own (`dbmutex_`
+    /// and its random claim token) and run with `EXECUTE`, safe behind any
+    /// pooler (no other client can know the name), at the cost of a small
+    /// parse per statement (BENCHMARKS.md). With `false`, no statement
+    /// carries a name, and the lock session's statements are protocol-level
+    /// prepared everywhere: not for use behind a pooler that could slip past
+    /// the connect-time check, because tokio-postgres names them `s0`, `s1`,
+    /// … in every process, so a name could meet another client's statement.
     /// [`postgres::lock_xact`](crate::postgres::lock_xact) in your own
     /// transaction always carries it.
     pub fn name_comments(mut self, on: bool) -> Self {

@@ -791,3 +791,43 @@ async fn fenced_locks_through_a_pooler_keep_token_order() {
         "tokens out of lock order: {tokens:?}"
     );
 }
+
+/// The lock session's try and unlock are protocol-level prepared statements
+/// (parsed once per connection) only where no pooler can be in between: on
+/// a direct connection `pg_stat_activity` shows the prepared statement's own
+/// text; through PgBouncer (even in session mode, which keeps exclusion) it
+/// shows `EXECUTE` of a statement under the connection's own name, which no
+/// other client can know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_are_protocol_prepared_only_on_a_direct_connection() {
+    let bouncer = PgBouncer::start("session").await;
+    let watcher = pg_raw().await;
+    for (base, want) in [
+        (common::pg_url(), "SELECT pg_try_advisory_lock($1"),
+        (bouncer.url(), "EXECUTE dbmutex_"),
+    ] {
+        let app = unique("stmt-form");
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let locker = Locker::connect(&format!("{base}{sep}application_name={app}"))
+            .await
+            .unwrap();
+        let name = unique("stmt-form");
+        let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
+        let last = watcher
+            .query_one(
+                "SELECT query FROM pg_stat_activity WHERE application_name = $1 AND query LIKE '%lock%'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0);
+        // The pooled session's first use prepares in the same round trip.
+        let prepared = !last.contains("EXECUTE");
+        assert!(
+            last.contains(want) && prepared == want.starts_with("SELECT"),
+            "through {base}: the lock session last ran {last:?}"
+        );
+        g.release().await.unwrap();
+        assert!(common::free_for(&locker, &name).await);
+    }
+}

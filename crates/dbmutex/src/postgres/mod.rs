@@ -75,7 +75,7 @@ use tokio::sync::Notify;
 #[cfg(feature = "sqlx")]
 pub use caller::sqlx;
 pub use caller::{lock_session, CallerClient, ClientLockGuard};
-pub(crate) use conn::{Connector, NotifyHandler, PgConn, Text};
+pub(crate) use conn::{Connector, NotifyHandler, PgConn};
 use dedicated::Spares;
 use errors::first_text;
 use handoff::{PgArbiter, PgSlot, Want};
@@ -300,21 +300,15 @@ impl Backend for PgBackend {
         at: &'a mut Attempt<'_, Self>,
     ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
         async move {
-            // No name in the statement (prepared once per connection under a
-            // name of its own, see conn/executed.rs); it goes into the
-            // session's keepalive probe instead, where `pg_stat_activity`
-            // shows it. With name comments off, protocol-level prepared
-            // statements (see `LockerBuilder::name_comments`).
+            // No name in the statement (prepared once per connection: see
+            // `PgConn::session_text`); it goes into the session's keepalive
+            // probe instead, where `pg_stat_activity` shows it.
             let lock = SessionLock {
                 conn: tries.conn.clone(),
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
-                text: if at.settings.name_comments {
-                    Text::Executed
-                } else {
-                    Text::Prepared
-                },
+                text: tries.conn.session_text(at.settings.name_comments),
             };
             // A task of ours may have left the server lock on the session for us.
             let parked = lock.mode == Mode::Exclusive

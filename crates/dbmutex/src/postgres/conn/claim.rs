@@ -26,7 +26,7 @@ impl PgConn {
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
                  (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_get_activity(pg_backend_pid())), \
                  current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-                 current_setting('max_prepared_transactions')",
+                 current_setting('max_prepared_transactions'), host(inet_server_addr()), inet_server_port()",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
@@ -47,6 +47,11 @@ impl PgConn {
             slots: (setting(4) + setting(5)).max(1),
         });
         if owner.as_deref() == Some(token.as_str()) {
+            if let Some(dialed) = &self.dialed {
+                let direct =
+                    super::direct::is_direct(dialed, &dialed.addresses().await, row.get(6), row.get(7));
+                self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
+            }
             let _ = self.claim.set(Claim {
                 token,
                 pid: row.get(1),

@@ -170,6 +170,7 @@ impl Connector {
             self.tls.clone(),
             on_notify,
             self.pooler_seen.clone(),
+            super::direct::Dialed::of(&self.config),
         )
     }
 

@@ -7,10 +7,13 @@
 //!   its end;
 //! - `claim.rs`: the server-session claim, and what happens when a pooler
 //!   moves us off it;
+//! - `direct.rs`: whether a connection reaches the server with no pooler
+//!   in between (then its lock statements are protocol-level prepared);
 //! - `heartbeat.rs`: the keepalive probe of a lock session.
 
 mod claim;
 mod connector;
+mod direct;
 mod executed;
 mod heartbeat;
 mod session;

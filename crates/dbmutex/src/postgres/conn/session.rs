@@ -23,9 +23,10 @@ pub(crate) enum Text {
     /// its own (see `executed.rs`): parsed once, and no other client's
     /// statement can ever run under that name.
     Executed,
-    /// A named prepared statement (`name_comments(false)`): parsed once per
-    /// connection. Behind a pooler that passes statement names through, a
-    /// name may meet another client's statement: only without one.
+    /// A protocol-level prepared statement: parsed once per connection.
+    /// Behind a pooler that passes statement names through, a name may meet
+    /// another client's statement: used only on a connection that reaches
+    /// the server directly (see `direct.rs`), or with `name_comments(false)`.
     Prepared,
 }
 
@@ -96,6 +97,11 @@ pub(crate) struct PgConn {
     pub(crate) lock_table: std::sync::OnceLock<LockTable>,
     /// The connector's flag: a pooler moved one of its connections.
     pub(super) pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+    /// The one TCP host and port dialed, if one (see `direct.rs`).
+    pub(super) dialed: Option<super::direct::Dialed>,
+    /// Set by the claim: the server itself answers on what we dialed, no
+    /// pooler in between (see `direct.rs`).
+    pub(super) direct: std::sync::atomic::AtomicBool,
 }
 
 impl PgConn {
@@ -105,6 +111,7 @@ impl PgConn {
         tls: Tls,
         on_notify: Option<NotifyHandler>,
         pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+        dialed: Option<super::direct::Dialed>,
     ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -148,7 +155,23 @@ impl PgConn {
             claim_tried: Default::default(),
             lock_table: Default::default(),
             pooler_seen,
+            dialed,
+            direct: Default::default(),
         })
+    }
+
+    /// How this connection's lock-session statements go: protocol-level
+    /// prepared on a claimed connection that reaches the server directly
+    /// (or with name comments off, as asked), else `EXECUTE` of statements
+    /// `PREPARE`d under a name of our own, safe behind any pooler.
+    pub(crate) fn session_text(&self, name_comments: bool) -> Text {
+        let direct = self.direct.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed);
+        if direct || !name_comments {
+            Text::Prepared
+        } else {
+            Text::Executed
+        }
     }
 
     /// Runs one session-lock call and returns its boolean (`true` for the
