@@ -5,6 +5,7 @@ mod backend;
 mod clients;
 mod fairness;
 mod floor;
+mod paired;
 mod probe;
 mod raw;
 mod report;
@@ -65,6 +66,11 @@ struct Cli {
     /// connection), to see what the comment costs.
     #[arg(long)]
     no_comment: bool,
+    /// `paired`: dbmutex drops each guard instead of awaiting
+    /// `release()` (the unlock is sent at once and answered in the
+    /// background).
+    #[arg(long)]
+    drop_release: bool,
     /// `uncontended` also runs with fenced acquisitions
     /// (`LockOptions::fenced`), after the unfenced run, and reports the ratio.
     #[arg(long)]
@@ -91,6 +97,10 @@ enum Scenario {
     /// A raw-SQL holder (as the gem or psql): hand-off to a dbmutex waiter,
     /// and to a raw `pg_advisory_lock` waiter (PostgreSQL).
     Foreign,
+    /// One client's cycle, dbmutex (defaults) and the raw driver taking
+    /// turns in 100 ms slices of one process: the median ratio of
+    /// adjacent slices (not part of `all`).
+    Paired,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -147,6 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             lockers: cli.lockers,
             floor_unnamed: cli.floor_unnamed,
             name_comments: !cli.no_comment,
+            drop_release: cli.drop_release,
         },
         fenced: cli.fenced,
     };
@@ -227,6 +238,7 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
         Scenario::HoldMany => vec![scenarios::hold_many(env).await?],
         Scenario::Fairness => vec![fairness::fairness(env).await?],
         Scenario::Foreign => fairness::foreign(env).await?,
+        Scenario::Paired => vec![paired::paired(env, env.p.drop_release).await?],
         Scenario::All => unreachable!("expanded into a plan"),
     })
 }

@@ -40,6 +40,8 @@ pub struct Params {
     pub floor_unnamed: bool,
     /// Lockers carry the lock name in an SQL comment (the library default).
     pub name_comments: bool,
+    /// `paired` drops guards instead of awaiting `release()`.
+    pub drop_release: bool,
 }
 
 /// What every scenario of a run shares.

@@ -73,7 +73,7 @@ impl MyGrant {
                     let runtime = release.shared.runtime.clone();
                     drop(runtime.spawn(async move {
                         if let Err(e) = release.run().await {
-                            tracing::debug!(error = %e, "dbmutex: MySQL unlock on drop failed");
+                            tracing::warn!(error = %e, "dbmutex: MySQL unlock on drop failed");
                         }
                     }));
                 },

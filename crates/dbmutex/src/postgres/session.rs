@@ -81,8 +81,9 @@ impl Release {
             let wanted = handoff::take_wanted(hold.as_ref());
             let r = lock.unlock().await;
             drop((hold, budget));
-            if r.is_ok() {
-                channel.released(&lock.key, wanted);
+            match r {
+                Ok(()) => channel.released(&lock.key, wanted),
+                Err(e) => tracing::warn!(name = %lock.name, error = %e, "dbmutex: unlock on drop failed"),
             }
         }));
     }
