@@ -221,7 +221,7 @@ fi
 PAIRED=${PAIRED:-10}
 echo "== paired slices ($PAIRED s each): dbmutex (defaults) / raw driver, one process"
 paired() { # paired LABEL URL [--drop-release]
-    run --clients 1 --duration "$PAIRED" --database-url "$2" --scenario paired "${@:3}" | tee -a "$OUT/paired.jsonl" |
+    "$BENCH" --json --clients 1 --duration "$PAIRED" --database-url "$2" --scenario paired "${@:3}" | tee -a "$OUT/paired.jsonl" |
         jq -r --arg b "$1" '"  \($b), release \(.release): \(.ratio_median) x raw (quartiles \(.ratio_p25)-\(.ratio_p75), \(.pairs) pairs; \(.ops_per_s | round)/s vs \(.floor_ops_per_s)/s)"'
 }
 paired PostgreSQL "$PG_URL"
