@@ -7,7 +7,8 @@
 #   DURATION=3 scripts/bench.sh      # shorter
 #
 # Environment: DATABASE_URL (PostgreSQL), MYSQL_URL, LOCAL_URL, DURATION, ROUNDS,
-# CLIENTS, LOCKS, OUT (directory for the raw JSON lines and pgbench logs).
+# CLIENTS, LOCKS, PAIRED (seconds per paired run), OUT (directory for the raw JSON
+# lines and pgbench logs).
 # The hold-many ceiling probe is not run here: it fills the server's lock
 # table, which fails every other session's queries (see BENCHMARKS.md).
 set -euo pipefail
