@@ -12,19 +12,13 @@ use crate::settings::Settings;
 use crate::{Error, Result};
 
 /// Makes `conn` the lock session: it listens on the hand-off channel (never
-/// through a detected pooler: the caller checks first), prepares its
-/// statements when they are protocol-level prepared, and probes a quiet spell (it runs
+/// through a detected pooler: the caller checks first), and probes a quiet spell (it runs
 /// only statements that answer at once, so a probe is never mistaken for a
 /// wait).
 pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
     if listen {
         conn.client
             .batch_execute(&format!("LISTEN {}", sql::CHANNEL))
-            .await
-            .map_err(|e| Error::Connect(Box::new(e)))?;
-    }
-    if conn.session_text(settings.name_comments) == super::conn::Text::Prepared {
-        conn.warm_statements()
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
     }

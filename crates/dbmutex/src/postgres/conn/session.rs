@@ -242,19 +242,6 @@ impl PgConn {
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Prepares the unlock statements ([`Text::Prepared`]), so that no
-    /// unlock waits for a prepare (a release dropped mid-prepare would not
-    /// know whether its unlock went out). The try statements are prepared
-    /// on first use: a try dropped mid-prepare has locked nothing.
-    pub(crate) async fn warm_statements(&self) -> std::result::Result<(), tokio_postgres::Error> {
-        for mode in [Mode::Exclusive, Mode::Shared] {
-            for key in [PgKey::Pair(0, 0), PgKey::Big(0)] {
-                self.prepared(Call::Unlock, mode, &key).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// The claimed server session's backend pid, if claimed.
     pub(crate) fn server_pid(&self) -> Option<i32> {
         self.claim.get().map(|c| c.pid)
@@ -269,31 +256,52 @@ impl PgConn {
     }
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
-    /// first use and cached for the connection.
+    /// first use and cached for the connection. A try's unlock is prepared
+    /// with it (pipelined: one round trip for both), so that no unlock ever
+    /// waits for a prepare: a release dropped mid-prepare would not know
+    /// whether its unlock went out.
     async fn prepared(
         &self,
         call: Call,
         mode: Mode,
         key: &PgKey,
     ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        let kind = (call, mode, matches!(key, PgKey::Big(_)));
+        let form = matches!(key, PgKey::Big(_));
         let cached = self
             .statements
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&kind)
+            .get(&(call, mode, form))
             .cloned();
         if let Some(s) = cached {
             return Ok(s);
         }
+        let (s, unlock) = if call == Call::Try {
+            let (t, u) = tokio::try_join!(
+                self.prepare_one(Call::Try, mode, key),
+                self.prepare_one(Call::Unlock, mode, key)
+            )?;
+            (t, Some(u))
+        } else {
+            (self.prepare_one(call, mode, key).await?, None)
+        };
+        let mut cache = self.statements.lock().unwrap_or_else(|e| e.into_inner());
+        cache.insert((call, mode, form), s.clone());
+        if let Some(u) = unlock {
+            cache.insert((Call::Unlock, mode, form), u);
+        }
+        Ok(s)
+    }
+
+    async fn prepare_one(
+        &self,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
         let (sql, params) = sql::bound_plain(call, false, mode, key, "");
         let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
-        let s = self.client.prepare_typed(&sql, &types).await?;
-        self.statements
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(kind, s.clone());
-        Ok(s)
+        self.client.prepare_typed(&sql, &types).await
     }
 
     /// True once the connection is gone.
