@@ -794,8 +794,8 @@ async fn fenced_locks_through_a_pooler_keep_token_order() {
 
 /// The lock session's try and unlock are protocol-level prepared statements
 /// (parsed once per connection) only where no pooler can be in between: on
-/// a direct connection `pg_stat_activity` shows the prepared statement's own
-/// text; through PgBouncer (even in session mode, which keeps exclusion) it
+/// a direct connection, from its second lock of a kind, `pg_stat_activity`
+/// shows the prepared statement's own text; through PgBouncer (even in session mode, which keeps exclusion) it
 /// shows `EXECUTE` of a statement under the connection's own name, which no
 /// other client can know.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -812,16 +812,21 @@ async fn statements_are_protocol_prepared_only_on_a_direct_connection() {
             .await
             .unwrap();
         let name = unique("stmt-form");
+        // The first lock of a kind on a connection goes as `EXECUTE` even
+        // directly (one round trip to prepare and run); the second is where
+        // the forms part.
+        let first = locker.try_lock(name.as_str()).await.unwrap().expect("free");
+        first.release().await.unwrap();
         let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
         let last = watcher
             .query_one(
-                "SELECT query FROM pg_stat_activity WHERE application_name = $1 AND query LIKE '%lock%'",
+                "SELECT query FROM pg_stat_activity WHERE application_name = $1 \
+                 AND (query LIKE '%advisory_lock%' OR query LIKE 'EXECUTE dbmutex_%')",
                 &[&app],
             )
             .await
             .unwrap()
             .get::<_, String>(0);
-        // The pooled session's first use prepares in the same round trip.
         let prepared = !last.contains("EXECUTE");
         assert!(
             last.contains(want) && prepared == want.starts_with("SELECT"),

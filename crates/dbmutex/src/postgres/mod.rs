@@ -308,7 +308,9 @@ impl Backend for PgBackend {
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
-                text: tries.conn.session_text(at.settings.name_comments),
+                text: tries
+                    .conn
+                    .session_text(at.settings.name_comments, at.opts.mode, at.key),
             };
             // A task of ours may have left the server lock on the session for us.
             let parked = lock.mode == Mode::Exclusive

@@ -160,14 +160,27 @@ impl PgConn {
         })
     }
 
-    /// How this connection's lock-session statements go: protocol-level
-    /// prepared on a claimed connection that reaches the server directly
-    /// (or with name comments off, as asked), else `EXECUTE` of statements
-    /// `PREPARE`d under a name of our own, safe behind any pooler.
-    pub(crate) fn session_text(&self, name_comments: bool) -> Text {
+    /// How this connection's lock-session statements for a lock in `mode`
+    /// on `key` go: protocol-level prepared on a claimed connection that
+    /// reaches the server directly (or with name comments off, as asked),
+    /// else `EXECUTE` of statements `PREPARE`d under a name of our own,
+    /// safe behind any pooler. On a direct connection the first lock of each
+    /// kind still goes as `EXECUTE` (prepare and run in one round trip):
+    /// parsing once pays off only from the second, and a process that takes
+    /// one lock (`dbmutex run`) is spared the extra round trip.
+    pub(crate) fn session_text(&self, name_comments: bool, mode: Mode, key: &PgKey) -> Text {
+        if !name_comments {
+            return Text::Prepared;
+        }
         let direct = self.direct.load(std::sync::atomic::Ordering::Relaxed)
             && !self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed);
-        if direct || !name_comments {
+        let seen = || {
+            self.executed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&(Call::Try, mode, matches!(key, PgKey::Big(_))))
+        };
+        if direct && seen() {
             Text::Prepared
         } else {
             Text::Executed
