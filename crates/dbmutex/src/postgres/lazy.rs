@@ -12,7 +12,8 @@ use crate::settings::Settings;
 use crate::{Error, Result};
 
 /// Makes `conn` the lock session: it listens on the hand-off channel (never
-/// through a detected pooler: the caller checks first), and probes a quiet spell (it runs
+/// through a detected pooler: the caller checks first), learns whether it
+/// reaches the server directly (`PgConn::check_direct`), and probes a quiet spell (it runs
 /// only statements that answer at once, so a probe is never mistaken for a
 /// wait).
 pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
@@ -22,6 +23,7 @@ pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, lis
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
     }
+    conn.check_direct().await;
     drop(conn.start_heartbeat(settings.keepalive, false));
     Ok(())
 }

@@ -47,11 +47,7 @@ impl PgConn {
             slots: (setting(4) + setting(5)).max(1),
         });
         if owner.as_deref() == Some(token.as_str()) {
-            if let Some(dialed) = &self.dialed {
-                let direct =
-                    super::direct::is_direct(dialed, &dialed.addresses().await, row.get(6), row.get(7));
-                self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
-            }
+            let _ = self.server_end.set((row.get(6), row.get(7)));
             let _ = self.claim.set(Claim {
                 token,
                 pid: row.get(1),

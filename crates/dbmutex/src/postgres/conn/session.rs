@@ -99,8 +99,11 @@ pub(crate) struct PgConn {
     pub(super) pooler_seen: Arc<std::sync::atomic::AtomicBool>,
     /// The one TCP host and port dialed, if one (see `direct.rs`).
     pub(super) dialed: Option<super::direct::Dialed>,
-    /// Set by the claim: the server itself answers on what we dialed, no
-    /// pooler in between (see `direct.rs`).
+    /// The server's own address and port for the claimed session (see
+    /// `direct.rs`), read by the claim.
+    pub(super) server_end: std::sync::OnceLock<(Option<String>, Option<i32>)>,
+    /// The server itself answers on what we dialed, no pooler in between:
+    /// set for a lock session by [`PgConn::check_direct`].
     pub(super) direct: std::sync::atomic::AtomicBool,
 }
 
@@ -156,6 +159,7 @@ impl PgConn {
             lock_table: Default::default(),
             pooler_seen,
             dialed,
+            server_end: Default::default(),
             direct: Default::default(),
         })
     }
