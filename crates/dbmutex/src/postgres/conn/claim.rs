@@ -60,6 +60,17 @@ impl PgConn {
         Ok(())
     }
 
+    /// Decides whether this claimed connection reaches the server directly
+    /// (resolving the dialed host name if it is one). Only the lock session
+    /// asks: its statements are the only ones that can be prepared.
+    pub(crate) async fn check_direct(&self) {
+        let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
+            return;
+        };
+        let direct = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
+        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// This connection's claim token, `""` when it has none.
     pub(crate) fn owner(&self) -> &str {
         self.claim.get().map_or("", |c| c.token.as_str())

@@ -66,19 +66,6 @@ impl Dialed {
     }
 }
 
-impl super::PgConn {
-    /// Decides whether this claimed connection reaches the server directly
-    /// (resolving the dialed host name if it is one). Only the lock session
-    /// asks: its statements are the only ones that can be prepared.
-    pub(crate) async fn check_direct(&self) {
-        let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
-            return;
-        };
-        let direct = is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
-        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// True when the server's own end of the session (`server_addr` as
 /// `host(inet_server_addr())`, `server_port` as `inet_server_port()`; both
 /// NULL over a Unix socket) is the port we dialed, on one of the addresses
