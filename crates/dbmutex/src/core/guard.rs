@@ -77,9 +77,9 @@ pub(crate) trait Grant: Send + Sync + 'static {
 /// at once and the unlock goes out in the background, so a loop of
 /// acquisitions does not wait a round trip per release (BENCHMARKS.md: about
 /// 1.4 × the raw driver's try + unlock cycle on PostgreSQL, where the awaited
-/// release is about 0.9 ×). A failed background unlock is logged (`tracing`
-/// warning) and ends the lock's connection, so the server frees the lock
-/// anyway; it is not returned to anyone.
+/// release is 0.86–0.88 ×). A failed background unlock is logged as a
+/// `tracing` warning and is not returned to anyone; where the lock's fate is
+/// unknown, the lock's connection is closed, so the server frees it.
 ///
 /// The guard is `Send` and `Sync` and may be held across `.await` points and
 /// moved between tasks.

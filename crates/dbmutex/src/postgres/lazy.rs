@@ -13,9 +13,9 @@ use crate::{Error, Result};
 
 /// Makes `conn` the lock session: it listens on the hand-off channel (never
 /// through a detected pooler: the caller checks first), learns whether it
-/// reaches the server directly (`PgConn::check_direct`), and probes a quiet spell (it runs
-/// only statements that answer at once, so a probe is never mistaken for a
-/// wait).
+/// reaches the server directly (`PgConn::check_direct`), and probes a quiet
+/// spell (it runs only statements that answer at once, so a probe is never
+/// mistaken for a wait).
 pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
     if listen {
         conn.client

@@ -42,7 +42,8 @@
 //! with the high bit set, mixed from the name's; `list` shows it unnamed):
 //! a second upgrader in another process finds it and fails at once with
 //! [`Error::Deadlock`], as does one behind a session waiting in the server
-//! for the name (that session waits for the upgrader's shared lock). A transaction lock on either side, or a fenced nested call, is
+//! for the name (that session waits for the upgrader's shared lock). A
+//! transaction lock on either side, or a fenced nested call, is
 //! [`Error::Unsupported`].
 //!
 //! A lock lives as long as its connection: when the connection ends (server
