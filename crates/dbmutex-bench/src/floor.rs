@@ -76,8 +76,16 @@ pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
                 BackendKind::Postgres if unnamed => {
                     pg_unnamed_client(&url, &app, i, &name, barrier, dur).await
                 }
-                BackendKind::Postgres => pg_client(&url, &app, i, barrier, dur).await,
-                _ => my_client(&url, &name, barrier, dur).await,
+                _ => {
+                    let mut raw = RawCycle::connect(kind, &url, &app, i, &name).await?;
+                    barrier.wait().await;
+                    let mut t = Timer::run_for(dur);
+                    while t.start() {
+                        raw.cycle().await?;
+                        t.stop();
+                    }
+                    Ok(t.finish())
+                }
             }
         }
     })
@@ -93,29 +101,6 @@ pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
         _ => Some(n as i64),
     };
     Ok(row)
-}
-
-async fn pg_client(
-    url: &str,
-    app: &str,
-    i: usize,
-    barrier: Arc<Barrier>,
-    dur: std::time::Duration,
-) -> anyhow::Result<Sample> {
-    let c = raw::pg_connect(url, app).await?;
-    let lock = c.prepare("SELECT pg_try_advisory_lock($1, $2)").await?;
-    let unlock = c.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
-    let (k1, k2) = floor_key(i);
-    barrier.wait().await;
-    let mut t = Timer::run_for(dur);
-    while t.start() {
-        let got: bool = c.query_one(&lock, &[&k1, &k2]).await?.get(0);
-        ensure!(got, "floor key ({k1}, {k2}) is held by another session");
-        let freed: bool = c.query_one(&unlock, &[&k1, &k2]).await?.get(0);
-        ensure!(freed, "floor key ({k1}, {k2}) was not held at unlock");
-        t.stop();
-    }
-    Ok(t.finish())
 }
 
 async fn pg_unnamed_client(
@@ -149,29 +134,87 @@ fn floor_key(i: usize) -> (i32, i32) {
     (i as i32, (std::process::id() & 0x7fff_ffff) as i32)
 }
 
-async fn my_client(
-    url: &str,
-    name: &str,
-    barrier: Arc<Barrier>,
-    dur: std::time::Duration,
-) -> anyhow::Result<Sample> {
-    let mut c = raw::my_connect(url).await?;
-    let lock = c.prep("SELECT GET_LOCK(?, 0)").await?;
-    let unlock = c.prep("SELECT RELEASE_LOCK(?)").await?;
-    barrier.wait().await;
-    let mut t = Timer::run_for(dur);
-    while t.start() {
-        let got: Option<Option<i64>> = c.exec_first(&lock, (name,)).await?;
-        ensure!(
-            got == Some(Some(1)),
-            "floor lock {name:?} is held by another session"
-        );
-        let freed: Option<Option<i64>> = c.exec_first(&unlock, (name,)).await?;
-        ensure!(
-            freed == Some(Some(1)),
-            "floor lock {name:?} was not held at release"
-        );
-        t.stop();
+/// The raw driver's lock cycle on one connection of its own: PostgreSQL
+/// prepared `pg_try_advisory_lock($1, $2)` + `pg_advisory_unlock($1, $2)`
+/// on client `i`'s key, MySQL prepared `GET_LOCK(?, 0)` + `RELEASE_LOCK(?)`
+/// on `name`. The `floor` and `paired` scenarios run it.
+pub enum RawCycle {
+    Pg {
+        c: tokio_postgres::Client,
+        lock: tokio_postgres::Statement,
+        unlock: tokio_postgres::Statement,
+        key: (i32, i32),
+    },
+    My {
+        c: mysql_async::Conn,
+        lock: mysql_async::Statement,
+        unlock: mysql_async::Statement,
+        name: String,
+    },
+}
+
+impl RawCycle {
+    pub async fn connect(
+        kind: BackendKind,
+        url: &str,
+        app: &str,
+        i: usize,
+        name: &str,
+    ) -> anyhow::Result<RawCycle> {
+        Ok(match kind {
+            BackendKind::Postgres => {
+                let c = raw::pg_connect(url, app).await?;
+                let lock = c.prepare("SELECT pg_try_advisory_lock($1, $2)").await?;
+                let unlock = c.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
+                RawCycle::Pg {
+                    c,
+                    lock,
+                    unlock,
+                    key: floor_key(i),
+                }
+            }
+            _ => {
+                let mut c = raw::my_connect(url).await?;
+                let lock = c.prep("SELECT GET_LOCK(?, 0)").await?;
+                let unlock = c.prep("SELECT RELEASE_LOCK(?)").await?;
+                RawCycle::My {
+                    c,
+                    lock,
+                    unlock,
+                    name: name.to_owned(),
+                }
+            }
+        })
     }
-    Ok(t.finish())
+
+    /// One lock and unlock, each checked.
+    pub async fn cycle(&mut self) -> anyhow::Result<()> {
+        match self {
+            RawCycle::Pg { c, lock, unlock, key } => {
+                let (k1, k2) = *key;
+                let got: bool = c.query_one(&*lock, &[&k1, &k2]).await?.get(0);
+                ensure!(got, "floor key ({k1}, {k2}) is held by another session");
+                let freed: bool = c.query_one(&*unlock, &[&k1, &k2]).await?.get(0);
+                ensure!(freed, "floor key ({k1}, {k2}) was not held at unlock");
+            }
+            RawCycle::My {
+                c,
+                lock,
+                unlock,
+                name,
+            } => {
+                let got: Option<Option<i64>> = c.exec_first(&*lock, (name.as_str(),)).await?;
+                ensure!(
+                    got == Some(Some(1)),
+                    "floor lock {name:?} is held by another session"
+                );
+                let freed: Option<Option<i64>> = c.exec_first(&*unlock, (name.as_str(),)).await?;
+                ensure!(
+                    freed == Some(Some(1)),
+                    "floor lock {name:?} was not held at release"
+                );
+            }
+        }
+        Ok(())
+    }
 }

@@ -15,11 +15,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
-use dbmutex::{BackendKind, LockOptions, Locker};
-use mysql_async::prelude::Queryable;
+use anyhow::Context;
+use dbmutex::{LockOptions, Locker};
 
-use crate::raw;
+use crate::floor::RawCycle;
 use crate::report::{round, Row};
 use crate::scenarios::Env;
 use crate::stats::Latencies;
@@ -27,74 +26,14 @@ use crate::stats::Latencies;
 /// How long each side runs before the other takes its turn.
 const SLICE: Duration = Duration::from_millis(100);
 
-/// The raw driver's lock cycle on one connection of its own.
-enum Floor {
-    Pg {
-        c: tokio_postgres::Client,
-        lock: tokio_postgres::Statement,
-        unlock: tokio_postgres::Statement,
-        key: (i32, i32),
-    },
-    My {
-        c: mysql_async::Conn,
-        lock: mysql_async::Statement,
-        unlock: mysql_async::Statement,
-        name: String,
-    },
-}
-
-impl Floor {
-    async fn connect(env: &Env, app: &str) -> anyhow::Result<Floor> {
-        Ok(match env.kind {
-            BackendKind::Postgres => {
-                let c = raw::pg_connect(&env.url, app).await?;
-                let lock = c.prepare("SELECT pg_try_advisory_lock($1, $2)").await?;
-                let unlock = c.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
-                let key = (-7, (std::process::id() & 0x7fff_ffff) as i32);
-                Floor::Pg { c, lock, unlock, key }
-            }
-            _ => {
-                let mut c = raw::my_connect(&env.url).await?;
-                let lock = c.prep("SELECT GET_LOCK(?, 0)").await?;
-                let unlock = c.prep("SELECT RELEASE_LOCK(?)").await?;
-                Floor::My {
-                    c,
-                    lock,
-                    unlock,
-                    name: env.name("paired-floor", 0),
-                }
-            }
-        })
+/// Raw-driver cycles until `until`; how many.
+async fn run_floor(floor: &mut RawCycle, until: Instant) -> anyhow::Result<u64> {
+    let mut n = 0;
+    while Instant::now() < until {
+        floor.cycle().await?;
+        n += 1;
     }
-
-    /// Cycles until `until`; how many.
-    async fn run(&mut self, until: Instant) -> anyhow::Result<u64> {
-        let mut n = 0;
-        while Instant::now() < until {
-            match self {
-                Floor::Pg { c, lock, unlock, key } => {
-                    let got: bool = c.query_one(&*lock, &[&key.0, &key.1]).await?.get(0);
-                    let freed: bool = c.query_one(&*unlock, &[&key.0, &key.1]).await?.get(0);
-                    ensure!(got && freed, "the floor key {key:?} is held by another session");
-                }
-                Floor::My {
-                    c,
-                    lock,
-                    unlock,
-                    name,
-                } => {
-                    let got: Option<Option<i64>> = c.exec_first(&*lock, (name.as_str(),)).await?;
-                    let freed: Option<Option<i64>> = c.exec_first(&*unlock, (name.as_str(),)).await?;
-                    ensure!(
-                        got == Some(Some(1)) && freed == Some(Some(1)),
-                        "the floor lock {name:?} is held by another session"
-                    );
-                }
-            }
-            n += 1;
-        }
-        Ok(n)
-    }
+    Ok(n)
 }
 
 /// dbmutex's cycles until `until`; how many.
@@ -122,11 +61,11 @@ async fn run_dbmutex(
 /// The paired run: `env.p.duration` in all, half of it for each side.
 pub async fn paired(env: &Env, drop_release: bool) -> anyhow::Result<Row> {
     let app = env.app("paired");
-    let mut floor = Floor::connect(env, &app).await?;
+    let mut floor = RawCycle::connect(env.kind, &env.url, &app, 0, &env.name("paired-floor", 0)).await?;
     let locker = env.lockers(&app, 1, dbmutex::DEFAULT_MAX_LOCKS).await?.remove(0);
     let names: Vec<String> = (0..64).map(|i| env.name("paired", i)).collect();
     // Warm both (connections, prepared statements) outside the measure.
-    floor.run(Instant::now() + SLICE).await?;
+    run_floor(&mut floor, Instant::now() + SLICE).await?;
     run_dbmutex(&locker, &names, drop_release, Instant::now() + SLICE).await?;
     let pairs = (env.p.duration.as_secs_f64() / (2.0 * SLICE.as_secs_f64()))
         .ceil()
@@ -138,7 +77,7 @@ pub async fn paired(env: &Env, drop_release: bool) -> anyhow::Result<Row> {
         for side in [i % 2, 1 - i % 2] {
             let t = Instant::now();
             let n = if side == 0 {
-                floor.run(t + SLICE).await?
+                run_floor(&mut floor, t + SLICE).await?
             } else {
                 run_dbmutex(&locker, &names, drop_release, t + SLICE).await?
             };
