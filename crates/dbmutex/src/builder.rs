@@ -80,6 +80,11 @@ pub const DEFAULT_MAX_LOCKS: usize = 4096;
 /// leave room for everything else.
 pub const DEFAULT_MAX_SERVER_WAITS: usize = 8;
 
+/// The default for [`LockerBuilder::idle_timeout`]: a locker that has been
+/// quiet this long keeps one server connection (PostgreSQL) or none
+/// (MySQL), and a reconnect a minute costs nothing worth counting.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl LockerBuilder {
     pub(crate) fn new(target: Target) -> Self {
         LockerBuilder {
@@ -92,6 +97,7 @@ impl LockerBuilder {
                 application_name: "dbmutex".into(),
                 name_comments: true,
                 max_server_waits: DEFAULT_MAX_SERVER_WAITS,
+                idle_timeout: DEFAULT_IDLE_TIMEOUT,
                 skip_pooler_check: false,
                 metrics_name_label: false,
             },
@@ -189,6 +195,27 @@ impl LockerBuilder {
     /// local backend always polls). `0` makes every wait poll.
     pub fn max_server_waits(mut self, n: usize) -> Self {
         self.settings.max_server_waits = n;
+        self
+    }
+
+    /// How long a connection besides the lock session may sit unused before
+    /// it is closed (default [`DEFAULT_IDLE_TIMEOUT`], 60 s). On PostgreSQL
+    /// that is the side connection (introspection, hand-off messages,
+    /// lock-table counts) and the idle connections kept for the next wait
+    /// in the server, so a locker that has been quiet this long, holding
+    /// one lock or thousands, keeps one server connection: its lock session.
+    /// On MySQL it is the clean connections kept for the next lock (each
+    /// held lock keeps its own). A connection in use is never closed for
+    /// this; the next need opens a new one.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let builder = dbmutex::Locker::builder("postgres://127.0.0.1/app")
+    ///     .idle_timeout(Duration::from_secs(10));
+    /// # drop(builder);
+    /// ```
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.settings.idle_timeout = d;
         self
     }
 

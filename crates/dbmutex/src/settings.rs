@@ -17,6 +17,9 @@ pub(crate) struct Settings {
     /// `WaitStrategy::TryThenServer` (each such wait, and the lock it gets,
     /// takes a connection of its own).
     pub(crate) max_server_waits: usize,
+    /// A connection besides the lock session (PostgreSQL's side and spare
+    /// wait connections; MySQL's clean idle ones) unused this long is closed.
+    pub(crate) idle_timeout: Duration,
     /// Tests only: skip the connect-time pooler check, so the per-statement
     /// session checks meet a pooler alone.
     pub(crate) skip_pooler_check: bool,

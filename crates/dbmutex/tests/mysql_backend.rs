@@ -770,3 +770,40 @@ async fn schemes_in_any_case_connect() {
         g.release().await.unwrap();
     }
 }
+
+/// A clean connection kept for the next lock is closed once unused for the
+/// locker's `idle_timeout`: a quiet locker keeps no connection open.
+#[tokio::test]
+async fn idle_connections_are_closed_once_quiet() {
+    let a = Backend::Mysql
+        .connect(Locker::builder(&mysql_url()).idle_timeout(Duration::from_millis(300)))
+        .await;
+    let name = unique("idle-close");
+    let g = a.lock(name.as_str()).await.unwrap();
+    let id = a.holders(name.as_str()).await.unwrap()[0].pid;
+    g.release().await.unwrap();
+    let mut raw = mysql_raw().await;
+    async fn open(raw: &mut Conn, id: i64) -> bool {
+        let n: Option<i64> = raw
+            .exec_first(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+                (id,),
+            )
+            .await
+            .unwrap();
+        n == Some(1)
+    }
+    assert!(open(&mut raw, id).await, "kept for reuse right after the release");
+    let deadline = Instant::now() + SETTLE;
+    while open(&mut raw, id).await {
+        assert!(
+            Instant::now() < deadline,
+            "connection {id} still open after {SETTLE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The locker works on, on a new connection.
+    let g = a.lock(name.as_str()).await.unwrap();
+    assert_ne!(a.holders(name.as_str()).await.unwrap()[0].pid, id);
+    g.release().await.unwrap();
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 
-use common::{pg_raw, pg_url, unique, Backend};
+use common::{eventually, pg_raw, pg_url, unique, Backend};
 use dbmutex::key::{pg_key, PgKey, Prefix};
 use dbmutex::postgres::lock_xact;
 use dbmutex::{Error, LockName, LockOptions, Locker, Mode, WaitStrategy};
@@ -1107,4 +1107,87 @@ async fn a_try_dropped_in_flight_gives_its_lock_back() {
     let g = a.lock(name.as_str()).await.expect("the locker works on");
     assert!(other.try_lock(name.as_str()).await.unwrap().is_none());
     g.release().await.unwrap();
+}
+
+/// Issue #11, item 4: a locker that has been quiet for its `idle_timeout`
+/// keeps one server connection, its lock session, however many locks it
+/// holds: the side connection (introspection) and the spare left by a wait
+/// in the server are closed, the locks stay held, and the next need opens
+/// a side connection again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_locker_keeps_only_its_lock_session() {
+    let app = unique("quiet-locker");
+    let locker = Backend::Postgres
+        .connect(
+            Locker::builder(&pg_url())
+                .application_name(&app)
+                .idle_timeout(Duration::from_millis(400)),
+        )
+        .await;
+    let raw = pg_raw().await;
+    let conns = || {
+        let (raw, app) = (&raw, &app);
+        async move {
+            let n: i64 = raw
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[app],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    // A wait in the server (default strategy, behind another session):
+    // a dedicated connection, kept as a spare after the release.
+    let contended = unique("quiet-contended");
+    let holder = Backend::Postgres.locker().await;
+    let g = holder.lock(contended.as_str()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (locker, name) = (locker.clone(), contended.clone());
+        async move { locker.lock(name.as_str()).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Many locks held on the lock session, and introspection (the side
+    // connection).
+    let names: Vec<String> = (0..50).map(|i| unique(&format!("quiet-{i}"))).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(locker.lock(n.as_str()).await.unwrap());
+    }
+    assert_eq!(locker.holders(names[0].as_str()).await.unwrap().len(), 1);
+    let busy = conns().await;
+    assert!(busy >= 3, "lock session, side connection and a spare: {busy}");
+    // Quiet: only the lock session stays, holding all 50.
+    assert!(
+        eventually(Duration::from_secs(5), || async { conns().await == 1 }).await,
+        "one connection once quiet (was {busy}), not {}",
+        conns().await
+    );
+    assert!(guards.iter().all(|g| g.is_held()));
+    let held: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND a.application_name = $1",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 50, "every lock still held on the one connection");
+    // The next need opens a side connection again.
+    assert_eq!(locker.holders(names[1].as_str()).await.unwrap().len(), 1);
+    assert_eq!(conns().await, 2);
+    for g in guards {
+        g.release().await.unwrap();
+    }
 }

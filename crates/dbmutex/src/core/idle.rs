@@ -1,13 +1,25 @@
 //! Idle connections kept for reuse: one pool type for every backend, each
-//! with its own bound and age limit.
+//! with its own bound and idle limit. A pool with an idle limit closes what
+//! sits unused past it in a task of its own (on the runtime that last put a
+//! connection in), so a quiet locker keeps no spare connection open.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+// tokio's, so that a test with the clock paused sees what a real wait would.
+use tokio::time::Instant;
 
 /// A connection an [`Idle`] pool can keep.
 pub(crate) trait Reusable: Send + 'static {
     /// Whether it may still serve (not known to be closed or lost).
     fn alive(&self) -> bool;
+
+    /// Whether nobody else is using it now (a shared connection handed out
+    /// by [`Idle::shared`] may be); only an unused one is closed for idling.
+    fn unused(&self) -> bool {
+        true
+    }
 
     /// Closes it (default: dropping it does).
     fn discard(self)
@@ -21,9 +33,12 @@ pub(crate) trait Reusable: Send + 'static {
 pub(crate) struct Idle<C: Reusable> {
     list: Mutex<Vec<(C, Instant)>>,
     max: usize,
-    /// Older than this, a connection is closed rather than reused (a
-    /// middlebox may have dropped it silently); `None`: no limit.
+    /// Unused for this long, a connection is closed (a middlebox may have
+    /// dropped it silently, and a quiet locker should hold no spare server
+    /// connection); `None`: no limit.
     ttl: Option<Duration>,
+    /// A task closing connections past `ttl` is running (or being started).
+    reaping: AtomicBool,
 }
 
 impl<C: Reusable> Idle<C> {
@@ -32,6 +47,7 @@ impl<C: Reusable> Idle<C> {
             list: Mutex::new(Vec::new()),
             max,
             ttl,
+            reaping: AtomicBool::new(false),
         }
     }
 
@@ -39,10 +55,14 @@ impl<C: Reusable> Idle<C> {
         c.alive() && self.ttl.is_none_or(|ttl| since.elapsed() < ttl)
     }
 
-    /// The newest live connection within the age limit, if any; older or
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<(C, Instant)>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest live connection within the idle limit, if any; older or
     /// dead ones met on the way are closed.
     pub(crate) fn take(&self) -> Option<C> {
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = self.list();
         while let Some((c, since)) = list.pop() {
             if self.fresh(&c, since) {
                 return Some(c);
@@ -53,8 +73,8 @@ impl<C: Reusable> Idle<C> {
     }
 
     /// Keeps `c` for reuse if it is alive and there is room; else closes it.
-    pub(crate) fn put(&self, c: C) {
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn put(self: &Arc<Self>, c: C) {
+        let mut list = self.list();
         let (keep, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
             .into_iter()
             .partition(|(c, since)| self.fresh(c, *since));
@@ -64,8 +84,89 @@ impl<C: Reusable> Idle<C> {
         } else {
             c.discard();
         }
+        // Under the list's lock, as the reaper's decision to stop is.
+        let start = !list.is_empty() && self.ttl.is_some() && !self.reaping.swap(true, Ordering::AcqRel);
         drop(list);
         stale.into_iter().for_each(|(c, _)| c.discard());
+        if start {
+            self.reap();
+        }
+    }
+
+    /// Closes what has sat unused past the idle limit; when something
+    /// remains, the instant the oldest reaches it. With nothing left, the
+    /// reaper stops (decided under the list's lock, where `put` starts one).
+    fn close_stale(&self) -> Option<Instant> {
+        let ttl = self.ttl?;
+        let mut list = self.list();
+        let (mut keep, mut stale) = (Vec::new(), Vec::new());
+        for (c, since) in std::mem::take(&mut *list) {
+            match (c.alive(), since.elapsed() >= ttl, c.unused()) {
+                (false, ..) | (true, true, true) => stale.push(c),
+                // In use by someone: idle again from now.
+                (true, true, false) => keep.push((c, Instant::now())),
+                (true, false, _) => keep.push((c, since)),
+            }
+        }
+        *list = keep;
+        let next = list.iter().map(|(_, since)| *since + ttl).min();
+        if next.is_none() {
+            self.reaping.store(false, Ordering::Release);
+        }
+        drop(list);
+        stale.into_iter().for_each(C::discard);
+        next
+    }
+
+    /// Starts the task that closes connections past the idle limit, on the
+    /// current runtime; with none, they are closed when next met instead.
+    fn reap(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.reaping.store(false, Ordering::Release);
+            return;
+        };
+        /// Lets the next `put` start a reaper if this one is cut short (its
+        /// runtime shut down) rather than stopped by `close_stale`.
+        struct Running<C: Reusable>(Weak<Idle<C>>, bool);
+        impl<C: Reusable> Running<C> {
+            fn stopped(&mut self) {
+                self.1 = false;
+            }
+        }
+        impl<C: Reusable> Drop for Running<C> {
+            fn drop(&mut self) {
+                if let Some(pool) = self.0.upgrade().filter(|_| self.1) {
+                    pool.reaping.store(false, Ordering::Release);
+                }
+            }
+        }
+        let mut running = Running(Arc::downgrade(self), true);
+        rt.spawn(async move {
+            loop {
+                let Some(next) = running.0.upgrade().and_then(|pool| pool.close_stale()) else {
+                    // Stopped under the list's lock (or the pool is gone).
+                    running.stopped();
+                    return;
+                };
+                tokio::time::sleep_until(next).await;
+            }
+        });
+    }
+}
+
+impl<C: Reusable + Clone> Idle<C> {
+    /// A connection shared by all callers (at most one kept): the live one,
+    /// idle again from now, or `None`. Hand a new one to [`Idle::put`].
+    pub(crate) fn shared(&self) -> Option<C> {
+        let mut list = self.list();
+        while let Some((c, _)) = list.pop() {
+            if c.alive() {
+                list.push((c.clone(), Instant::now()));
+                return Some(c);
+            }
+            c.discard();
+        }
+        None
     }
 }
 
@@ -75,15 +176,20 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
+    #[derive(Clone)]
     struct Conn {
         id: usize,
         alive: Arc<AtomicBool>,
         closed: Arc<AtomicUsize>,
+        busy: Arc<AtomicBool>,
     }
 
     impl Reusable for Conn {
         fn alive(&self) -> bool {
             self.alive.load(Ordering::SeqCst)
+        }
+        fn unused(&self) -> bool {
+            !self.busy.load(Ordering::SeqCst)
         }
         fn discard(self) {
             self.closed.fetch_add(1, Ordering::SeqCst);
@@ -97,9 +203,10 @@ mod tests {
             id,
             alive: alive.clone(),
             closed: closed.clone(),
+            busy: Arc::default(),
         };
         let live = Arc::new(AtomicBool::new(true));
-        let pool = Idle::new(2, None);
+        let pool = Arc::new(Idle::new(2, None));
         pool.put(conn(1, &live));
         pool.put(conn(2, &live));
         pool.put(conn(3, &live));
@@ -112,9 +219,60 @@ mod tests {
         assert_eq!(closed.load(Ordering::SeqCst), 2, "and closed");
         assert!(pool.take().is_none());
 
-        let aged = Idle::new(4, Some(Duration::ZERO));
+        let aged = Arc::new(Idle::new(4, Some(Duration::ZERO)));
         aged.put(conn(5, &live));
         assert!(aged.take().is_none(), "past the age limit");
         assert_eq!(closed.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_sits_unused_past_the_limit_is_closed_by_itself() {
+        let closed = Arc::new(AtomicUsize::new(0));
+        let busy = Arc::new(AtomicBool::new(false));
+        let conn = |id| Conn {
+            id,
+            alive: Arc::new(AtomicBool::new(true)),
+            closed: closed.clone(),
+            busy: busy.clone(),
+        };
+        let ttl = Duration::from_millis(100);
+        let pool = Arc::new(Idle::new(4, Some(ttl)));
+        pool.put(conn(1));
+        tokio::time::sleep(ttl / 2).await;
+        pool.put(conn(2));
+        tokio::time::sleep(ttl * 3 / 4).await;
+        assert_eq!(
+            closed.load(Ordering::SeqCst),
+            1,
+            "the first, past the limit, with no call"
+        );
+        assert_eq!(pool.list().len(), 1);
+        tokio::time::sleep(ttl / 2).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 2, "then the second");
+        assert!(
+            !pool.reaping.load(Ordering::SeqCst),
+            "an empty pool stops its reaper"
+        );
+        // A new one starts it again; one in use is kept, idle from then.
+        busy.store(true, Ordering::SeqCst);
+        pool.put(conn(3));
+        tokio::time::sleep(ttl * 3 / 2).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 2, "in use: kept");
+        busy.store(false, Ordering::SeqCst);
+        tokio::time::sleep(ttl * 3 / 2).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 3, "unused again: closed");
+        assert_eq!(pool.shared().map(|c| c.id), None);
+        // A shared one is handed out and stays, idle again from each use.
+        pool.put(conn(4));
+        tokio::time::sleep(ttl * 3 / 4).await;
+        assert_eq!(pool.shared().map(|c| c.id), Some(4));
+        tokio::time::sleep(ttl * 3 / 4).await;
+        assert_eq!(
+            closed.load(Ordering::SeqCst),
+            3,
+            "used 3/4 of the limit ago: kept"
+        );
+        tokio::time::sleep(ttl / 2).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 4, "then closed");
     }
 }

@@ -43,6 +43,7 @@ fn settings(prefix: &str) -> Settings {
         application_name: "unit".into(),
         name_comments: true,
         max_server_waits: 8,
+        idle_timeout: Duration::from_secs(60),
         skip_pooler_check: false,
         metrics_name_label: false,
     }

@@ -28,16 +28,12 @@ pub(crate) type ConnFuture<'c, T> =
 /// At most this many clean connections wait for reuse; more are closed.
 const IDLE_MAX: usize = 8;
 
-/// An idle connection older than this is closed rather than reused: a
-/// middlebox may have dropped it silently.
-const IDLE_TTL: Duration = Duration::from_secs(60);
-
 /// Makes connections and keeps the clean ones for reuse.
 pub(crate) struct Connector {
     opts: Opts,
     connect_timeout: Duration,
     keepalive: Duration,
-    idle: Idle<Conn>,
+    idle: Arc<Idle<Conn>>,
 }
 
 impl Reusable for Conn {
@@ -84,7 +80,10 @@ impl Connector {
             opts: builder.into(),
             connect_timeout: settings.connect_timeout,
             keepalive: settings.keepalive,
-            idle: Idle::new(IDLE_MAX, Some(IDLE_TTL)),
+            // Unused past the locker's idle timeout, a connection is closed
+            // (a middlebox may have dropped it silently, and a quiet locker
+            // keeps none).
+            idle: Arc::new(Idle::new(IDLE_MAX, Some(settings.idle_timeout))),
         })
     }
 

@@ -18,7 +18,7 @@ use super::xact::wait_xact_dedicated;
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, Grant};
-use crate::core::idle::{Idle, Reusable};
+use crate::core::idle::Idle;
 use crate::core::loss::LossToken;
 use crate::core::wait;
 use crate::key::PgKey;
@@ -29,28 +29,17 @@ use crate::{Error, LockName, LockOptions, Result};
 /// How many idle dedicated connections a locker keeps.
 const MAX_SPARES: usize = 4;
 
-impl Reusable for Arc<PgConn> {
-    fn alive(&self) -> bool {
-        !self.is_lost()
-    }
-
-    fn discard(self) {
-        self.close();
-    }
-}
-
 /// Idle dedicated connections that hold nothing, kept for the next
 /// server-side wait.
 #[derive(Clone)]
 pub(crate) struct Spares(Arc<Idle<Arc<PgConn>>>);
 
-impl Default for Spares {
-    fn default() -> Self {
-        Spares(Arc::new(Idle::new(MAX_SPARES, None)))
-    }
-}
-
 impl Spares {
+    /// Spares closed once unused for `idle` (the locker's `idle_timeout`).
+    pub(crate) fn new(idle: Duration) -> Self {
+        Spares(Arc::new(Idle::new(MAX_SPARES, Some(idle))))
+    }
+
     /// Makes sure an idle connection is at hand for the next wait,
     /// connecting one (within `deadline`) if needed: `false` when none can
     /// be had now.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::conn::{Connector, NotifyHandler, PgConn};
 use super::{pooler, sql};
+use crate::core::idle::{Idle, Reusable};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
@@ -75,10 +76,28 @@ impl LazyConn {
     }
 }
 
+/// Side and spare connections, as idle pools keep them.
+impl Reusable for Arc<PgConn> {
+    fn alive(&self) -> bool {
+        !self.is_lost()
+    }
+
+    fn unused(&self) -> bool {
+        // The pool's own reference only (a heartbeat holds a `Weak`).
+        Arc::strong_count(self) == 1
+    }
+
+    fn discard(self) {
+        self.close();
+    }
+}
+
 /// The side connection: opened on first use (introspection, lock-table
-/// counts, hand-off messages).
+/// counts, hand-off messages) and closed once unused for the locker's
+/// `idle_timeout`, so a quiet locker keeps only its lock session.
 pub(crate) struct Side {
-    lazy: LazyConn,
+    conn: Arc<Idle<Arc<PgConn>>>,
+    gate: tokio::sync::Mutex<()>,
     connector: Connector,
     settings: Settings,
 }
@@ -86,7 +105,8 @@ pub(crate) struct Side {
 impl Side {
     pub(crate) fn new(connector: Connector, settings: Settings) -> Self {
         Side {
-            lazy: LazyConn::default(),
+            conn: Arc::new(Idle::new(1, Some(settings.idle_timeout))),
+            gate: tokio::sync::Mutex::new(()),
             connector,
             settings,
         }
@@ -94,11 +114,20 @@ impl Side {
 
     /// The live side connection, connecting one if there is none.
     pub(crate) async fn get(&self) -> Result<Arc<PgConn>> {
-        self.lazy.get(&self.connector, &self.settings, None).await
+        if let Some(c) = self.conn.shared() {
+            return Ok(c);
+        }
+        let _gate = self.gate.lock().await;
+        if let Some(c) = self.conn.shared() {
+            return Ok(c);
+        }
+        let conn = self.connector.connect(&self.settings, None, true).await?;
+        self.conn.put(conn.clone());
+        Ok(conn)
     }
 
     /// Adopts `conn` (the pooler check's second connection, behind a pooler).
     pub(crate) fn set(&self, conn: Arc<PgConn>) {
-        self.lazy.set(conn);
+        self.conn.put(conn);
     }
 }

@@ -140,7 +140,7 @@ impl PgBackend {
             id,
             shared_sessions: false,
             skip_pooler_check: settings.skip_pooler_check,
-            spares: Spares::default(),
+            spares: Spares::new(settings.idle_timeout),
             // Until the first connection reads the server's settings.
             names: Arc::default(),
             budget: budget::Budget::new(conn::LockTable {
