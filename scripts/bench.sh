@@ -111,13 +111,14 @@ jq -r --argjson p1 "$PGB1" --argjson pn "$PGBN" --argjson ph "$PGBH" -s '
               (if .strategy then "strategy=" + .strategy else empty end),
               (if (.lockers // 1) > 1 then "lockers=" + (.lockers | tostring) else empty end),
               (if .held then "held=" + (.held | tostring) else empty end),
+              (if .connections_quiet then "conns_once_quiet=" + (.connections_quiet | tostring) else empty end),
               (if .waiter then "waiter=" + .waiter else empty end),
               (if .first_error then "error" else empty end) ] | join(",")),
            .clients, (.ops_per_s | round), (.p50_us | n), (.p99_us | n), (.connections | n),
            (.ratio_to_floor | r), (vs_pgbench | r),
            (if .handoff_p50_us then "\(.handoff_p50_us)/\(.handoff_p99_us)" else "-" end),
            (.handoff_rtts | r),
-           (if .handoff_share then "share=\(.handoff_share),max_wait_ms=\(.max_wait_ms),acq=\(.acquisitions | map(tostring) | join("/"))" else "-" end) ] | @tsv)
+           (if .handoff_share then "share=\(.handoff_share),max_wait_ms=\(.max_wait_ms)=\(.max_wait_holds)_holds_of_\(.hold_ms)ms,acq=\(.acquisitions | map(tostring) | join("/"))" else "-" end) ] | @tsv)
 ' "$OUT/postgres.jsonl" | column -t -s $'\t'
 
 # The targets of issue #5, from this run's figures.
@@ -144,17 +145,19 @@ jq -r --argjson p1 "$PGB1" -s '
   def x(v): v * 1000 | round / 1000;
   (map(select(.scenario == "fairness" and .strategy == "try-then-server")) | first) as $f
   | (map(select(.scenario == "fairness" and .strategy == "poll")) | first) as $fp
+  | (map(select(.scenario == "fairness" and .waiter != null) | .max_wait_holds) | max) as $fw
   | (map(select(.scenario == "foreign" and .waiter == "dbmutex" and .strategy == "try-then-server")) | first) as $fd
   | {p50_us: (map(select(.scenario == "foreign" and .waiter != "dbmutex") | .p50_us) | add / length | round)} as $fr
   | (map(select(.scenario == "foreign" and .waiter == "dbmutex" and .strategy == "poll")) | first) as $fo
   | (map(select(.scenario == "uncontended" and .name_comments != false)) | first) as $u
   | (map(select(.scenario == "contended" and .strategy == "try-then-server" and .lockers == 1 and .name_comments != false)) | first) as $c
+  | (map(select(.scenario == "hold-many")) | first) as $h
   | "targets of issue #11 (defaults throughout):",
     "  1. fair: hand-offs between 2 processes >= 40 %: \($f.handoff_share * 100) % (poll: \($fp.handoff_share * 100) %) -> \(verdict($f.handoff_share >= 0.4))",
-    "     longest wait <= 10 holds (\($f.hold_ms) ms each): \($f.max_wait_ms) ms (poll: \($fp.max_wait_ms) ms) -> \(verdict($f.max_wait_ms <= 10 * $f.hold_ms))",
+    "     longest wait <= a few (5) holds, or the raw floor'"'"'s longest (2 raw pg_advisory_lock sessions, same run; a hold is the measured mean, \($f.hold_ms) ms): \($f.max_wait_ms) ms = \($f.max_wait_holds) holds (raw floor: \($fw) holds at most; poll: \($fp.max_wait_holds) holds) -> \(verdict($f.max_wait_holds <= ([5, $fw] | max)))",
     "  2. behind a raw-SQL holder, hand-off p50 <= 2 x raw pg_advisory_lock (mean of its two rows): \($fd.p50_us) µs vs \($fr.p50_us) µs (poll: \($fo.p50_us) µs) -> \(verdict($fd.p50_us <= 2 * $fr.p50_us))",
-    "  3. uncontended try+release >= 0.95 x pgbench: \(x($u.ops_per_s / $p1)) -> \(verdict($u.ops_per_s >= 0.95 * $p1))",
-    "  4. one connection per locker: uncontended \($u.connections), contended (8 tasks) \($c.connections) -> \(verdict($u.connections == 1))",
+    "  3. and 5.: judged on the paired slices below",
+    "  4. one connection per locker: uncontended \($u.connections), contended (8 tasks) \($c.connections), holding \($h.held) locks once quiet (idle_timeout) \($h.connections_quiet) -> \(verdict($u.connections == 1 and $c.connections == 1 and $h.connections_quiet == 1))",
     "  6. in-process FIFO: contended p99 \($c.p99_us) µs vs p50 x queue (\($c.p50_us) x \($c.clients - 1)) = \($c.p50_us * ($c.clients - 1)) µs -> \(verdict($c.p99_us <= 2 * $c.p50_us * ($c.clients - 1)))"
 ' "$OUT/postgres.jsonl"
 
@@ -165,7 +168,7 @@ if "$BENCH" --database-url "$MYSQL_URL" --scenario rtt --duration 0.2 >/dev/null
     jq -r -s '
       (map(select(.scenario == "floor" and .clients == 1)) | first | .ops_per_s) as $f
       | (map(select(.scenario == "uncontended")) | first | .ops_per_s) as $u
-      | "  5. MySQL uncontended >= 0.9 x its floor (same transport): \($u / $f * 1000 | round / 1000) -> \(if $u >= 0.9 * $f then "met" else "MISSED" end)"
+      | "  MySQL uncontended, one run: \($u / $f * 1000 | round / 1000) x its floor (same transport; item 5 is judged on the paired slices below)"
     ' "$OUT/mysql.jsonl"
 else
     echo "== MySQL: $MYSQL_URL not reachable, skipped"
@@ -176,10 +179,10 @@ run --database-url "$LOCAL_URL" --scenario all | tee "$OUT/local.jsonl" | jq -c 
 
 # Issue #11 items 3 and 5 compare one client's cycle with its floor, and on
 # 2 shared cores a single 4 s run moves by ±40 % (other work, which core the
-# server's process lands on). So both are also run in ROUNDS interleaved
-# rounds (floor, then dbmutex with the defaults), and the verdicts use the
-# median of the rounds' ratios: a burst of noise spoils one round, not the
-# verdict.
+# server's process lands on). So the cycle is also run in ROUNDS interleaved
+# rounds (pgbench, raw tokio-postgres, dbmutex with release().await); their
+# median ratio of raw tokio-postgres to pgbench converts the paired slices
+# below (the verdicts) into "x pgbench".
 ROUNDS=${ROUNDS:-5}
 echo "== interleaved rounds ($ROUNDS): one client's try+release with the defaults, beside its floor"
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
@@ -205,13 +208,10 @@ for i in $(seq "$ROUNDS"); do
     fi
     echo "$line"
 done
-verdict() { jq -rn --argjson v "$1" --argjson t "$2" 'if $v >= $t then "met" else "MISSED" end'; }
-m=$(median "${pg_ratios[@]}")
-echo "  3. (median of $ROUNDS rounds) uncontended try+release >= 0.95 x pgbench: $m -> $(verdict "$m" 0.95)" \
-    "(x raw tokio-postgres: median $(median "${pg_raw[@]}"))"
+echo "  median of $ROUNDS rounds, try + release().await: $(median "${pg_ratios[@]}") x pgbench, $(median "${pg_raw[@]}") x raw tokio-postgres;" \
+    "raw tokio-postgres itself: $(median "${pg_rp[@]}") x pgbench"
 if $my_up; then
-    m=$(median "${my_ratios[@]}")
-    echo "  5. (median of $ROUNDS rounds) MySQL uncontended >= 0.9 x its floor: $m -> $(verdict "$m" 0.9)"
+    echo "  median of $ROUNDS rounds, MySQL try + release().await: $(median "${my_ratios[@]}") x its floor"
 fi
 
 # The same comparison, robust to the machine's state: dbmutex and the raw
@@ -238,8 +238,8 @@ jq -r -s --argjson rawpgb "$(median "${pg_rp[@]}")" '
   | (map(select(.backend == "postgres" and .release == "drop")) | first | .ratio_median) as $pd
   | (map(select(.backend == "mysql" and .release == "await")) | first | .ratio_median) as $ma
   | (map(select(.backend == "mysql" and .release == "drop")) | first | .ratio_median) as $md
-  | "  3. try + release().await: \(x($pa)) x raw tokio-postgres (paired) x \(x($rawpgb)) (raw / pgbench, median of the rounds) = \(x($pa * $rawpgb)) x pgbench -> \(verdict($pa * $rawpgb; 0.95))",
-    "     try + drop(guard): \(x($pd)) x raw = \(x($pd * $rawpgb)) x pgbench -> \(verdict($pd * $rawpgb; 0.95))",
+  | "  3. try + release().await (waits a round trip for the server'"'"'s answer): \(x($pa)) x raw tokio-postgres (paired) x \(x($rawpgb)) (raw / pgbench, median of the rounds) = \(x($pa * $rawpgb)) x pgbench -> \(verdict($pa * $rawpgb; 0.95))",
+    "     try + drop(guard) (the release a Rust guard makes by default; the unlock travels with the next try): \(x($pd)) x raw = \(x($pd * $rawpgb)) x pgbench -> \(verdict($pd * $rawpgb; 0.95))",
     (if $ma then "  5. MySQL try + release().await: \(x($ma)) x its floor (paired) -> \(verdict($ma; 0.9)); try + drop(guard): \(x($md)) -> \(verdict($md; 0.9))" else empty end)
 ' "$OUT/paired.jsonl"
 

@@ -236,7 +236,7 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
         Scenario::Contended => vec![scenarios::contended(env).await?],
         Scenario::ManyKeys => vec![scenarios::many_keys(env).await?],
         Scenario::HoldMany => vec![scenarios::hold_many(env).await?],
-        Scenario::Fairness => vec![fairness::fairness(env).await?],
+        Scenario::Fairness => fairness::fairness(env).await?,
         Scenario::Foreign => fairness::foreign(env).await?,
         Scenario::Paired => vec![paired::paired(env, env.p.drop_release).await?],
         Scenario::All => unreachable!("expanded into a plan"),

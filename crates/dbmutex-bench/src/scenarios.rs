@@ -79,16 +79,25 @@ impl Env {
     pub async fn lockers(&self, app: &str, n: usize, max_locks: usize) -> anyhow::Result<Vec<Locker>> {
         let mut v = Vec::with_capacity(n);
         for _ in 0..n.max(1) {
-            let l = Locker::builder(&self.url)
-                .application_name(app)
-                .name_comments(self.p.name_comments)
-                .max_locks(max_locks)
-                .connect()
-                .await
-                .with_context(|| format!("connecting to {}", dbmutex::redact_url(&self.url)))?;
-            v.push(l);
+            v.push(self.connect(self.builder(app, max_locks)).await?);
         }
         Ok(v)
+    }
+
+    /// A locker's builder with the run's settings.
+    pub fn builder(&self, app: &str, max_locks: usize) -> dbmutex::LockerBuilder {
+        Locker::builder(&self.url)
+            .application_name(app)
+            .name_comments(self.p.name_comments)
+            .max_locks(max_locks)
+    }
+
+    /// Connects `builder`'s locker, the URL redacted from any error.
+    pub async fn connect(&self, builder: dbmutex::LockerBuilder) -> anyhow::Result<Locker> {
+        builder
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {}", dbmutex::redact_url(&self.url)))
     }
 
     /// The database lock strings of `names` (MySQL only; the probe watches
@@ -247,7 +256,11 @@ pub async fn hold_many(env: &Env) -> anyhow::Result<Row> {
         BackendKind::Mysql => env.p.locks.min(MYSQL_HOLD_CAP),
         _ => env.p.locks,
     };
-    let locker = env.lockers(&app, 1, k).await?.remove(0);
+    // Quiet for half the hold, the locker is down to its lock session
+    // (counted at the end of the hold: `connections_quiet`, PostgreSQL).
+    let locker = env
+        .connect(env.builder(&app, k).idle_timeout(env.p.hold / 2))
+        .await?;
     let names: Vec<String> = (0..k).map(|i| env.name("h", i)).collect();
     let lock_strings = env.lock_strings(&locker, &names)?;
     // MySQL's count watches every name at the peak only (below).
@@ -287,8 +300,12 @@ pub async fn hold_many(env: &Env) -> anyhow::Result<Row> {
         .ok()
         .flatten();
     let held = guards.len();
+    let mut quiet = None;
     if errors == 0 {
         tokio::time::sleep(env.p.hold).await;
+        if env.kind == BackendKind::Postgres {
+            quiet = env.probe.count(&app, &[], &mut seen).await.ok().flatten();
+        }
     }
     let released = Instant::now();
     let mut set = JoinSet::new();
@@ -320,6 +337,9 @@ pub async fn hold_many(env: &Env) -> anyhow::Result<Row> {
         ),
     );
     row.set("release_s", round(release_s, 4));
+    if let Some(n) = quiet {
+        row.set("connections_quiet", n);
+    }
     if errors > 0 || release_errors > 0 {
         row.set("errors", errors + release_errors);
         row.set(
