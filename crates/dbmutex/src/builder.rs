@@ -80,9 +80,9 @@ pub const DEFAULT_MAX_LOCKS: usize = 4096;
 /// leave room for everything else.
 pub const DEFAULT_MAX_SERVER_WAITS: usize = 8;
 
-/// The default for [`LockerBuilder::idle_timeout`]: a locker that has been
-/// quiet this long keeps one server connection (PostgreSQL) or none
-/// (MySQL), and a reconnect a minute costs nothing worth counting.
+/// The default for [`LockerBuilder::idle_timeout`]: long enough that a
+/// reconnect a minute costs nothing worth counting, short enough that a
+/// quiet locker soon holds no connection it does not need.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl LockerBuilder {
@@ -202,11 +202,12 @@ impl LockerBuilder {
     /// it is closed (default [`DEFAULT_IDLE_TIMEOUT`], 60 s). On PostgreSQL
     /// that is the side connection (introspection, hand-off messages,
     /// lock-table counts) and the idle connections kept for the next wait
-    /// in the server, so a locker that has been quiet this long, holding
-    /// one lock or thousands, keeps one server connection: its lock session.
-    /// On MySQL it is the clean connections kept for the next lock (each
-    /// held lock keeps its own). A connection in use is never closed for
-    /// this; the next need opens a new one.
+    /// in the server, so a locker that has been quiet this long keeps one
+    /// server connection, its lock session, however many locks it holds
+    /// there (a lock won by a wait in the server keeps the connection it
+    /// waited on until released). On MySQL it is the clean connections kept
+    /// for the next lock (each held lock keeps its own). A connection in use
+    /// is never closed for this; the next need opens a new one.
     ///
     /// ```
     /// # use std::time::Duration;

@@ -1,7 +1,8 @@
 //! Idle connections kept for reuse: one pool type for every backend, each
 //! with its own bound and idle limit. A pool with an idle limit closes what
-//! sits unused past it in a task of its own (on the runtime that last put a
-//! connection in), so a quiet locker keeps no spare connection open.
+//! sits unused past it in a task of its own (spawned on the runtime of the
+//! `put` that found none running), so a quiet locker keeps no spare
+//! connection open; what is met past the limit is closed then too.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -28,6 +29,12 @@ pub(crate) trait Reusable: Send + 'static {
     {
     }
 }
+
+/// The reaper's shortest sleep, whatever the limit.
+const MIN_REAP: Duration = Duration::from_millis(10);
+
+/// A limit this long is never reached: no reaper wakes for it.
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Clean idle connections, newest first out.
 pub(crate) struct Idle<C: Reusable> {
@@ -72,25 +79,30 @@ impl<C: Reusable> Idle<C> {
         None
     }
 
-    /// Keeps `c` for reuse if it is alive and there is room; else closes it.
-    pub(crate) fn put(self: &Arc<Self>, c: C) {
+    /// Keeps `c` for reuse if it is alive and there is room (`true`); else
+    /// closes it.
+    pub(crate) fn put(self: &Arc<Self>, c: C) -> bool {
         let mut list = self.list();
         let (keep, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
             .into_iter()
             .partition(|(c, since)| self.fresh(c, *since));
         *list = keep;
-        if c.alive() && list.len() < self.max {
+        let kept = c.alive() && list.len() < self.max;
+        if kept {
             list.push((c, Instant::now()));
         } else {
             c.discard();
         }
         // Under the list's lock, as the reaper's decision to stop is.
-        let start = !list.is_empty() && self.ttl.is_some() && !self.reaping.swap(true, Ordering::AcqRel);
+        let start = !list.is_empty()
+            && self.ttl.is_some_and(|ttl| ttl < NEVER)
+            && !self.reaping.swap(true, Ordering::AcqRel);
         drop(list);
         stale.into_iter().for_each(|(c, _)| c.discard());
         if start {
             self.reap();
         }
+        kept
     }
 
     /// Closes what has sat unused past the idle limit; when something
@@ -98,6 +110,9 @@ impl<C: Reusable> Idle<C> {
     /// reaper stops (decided under the list's lock, where `put` starts one).
     fn close_stale(&self) -> Option<Instant> {
         let ttl = self.ttl?;
+        // A zero limit must not make the reaper spin while a connection is
+        // in use; a huge one (`Duration::MAX`: never) must not overflow.
+        let wake = |since: Instant| since.checked_add(ttl.max(MIN_REAP)).filter(|_| ttl < NEVER);
         let mut list = self.list();
         let (mut keep, mut stale) = (Vec::new(), Vec::new());
         for (c, since) in std::mem::take(&mut *list) {
@@ -109,7 +124,7 @@ impl<C: Reusable> Idle<C> {
             }
         }
         *list = keep;
-        let next = list.iter().map(|(_, since)| *since + ttl).min();
+        let next = list.iter().filter_map(|(_, since)| wake(*since)).min();
         if next.is_none() {
             self.reaping.store(false, Ordering::Release);
         }
@@ -155,12 +170,13 @@ impl<C: Reusable> Idle<C> {
 }
 
 impl<C: Reusable + Clone> Idle<C> {
-    /// A connection shared by all callers (at most one kept): the live one,
-    /// idle again from now, or `None`. Hand a new one to [`Idle::put`].
+    /// A connection shared by all callers (at most one kept): the live one
+    /// within the idle limit (or in use), idle again from now, or `None`.
+    /// Hand a new one to [`Idle::put`].
     pub(crate) fn shared(&self) -> Option<C> {
         let mut list = self.list();
-        while let Some((c, _)) = list.pop() {
-            if c.alive() {
+        while let Some((c, since)) = list.pop() {
+            if c.alive() && (self.fresh(&c, since) || !c.unused()) {
                 list.push((c.clone(), Instant::now()));
                 return Some(c);
             }
@@ -274,5 +290,26 @@ mod tests {
         );
         tokio::time::sleep(ttl / 2).await;
         assert_eq!(closed.load(Ordering::SeqCst), 4, "then closed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_limit_and_huge_limits_close_nothing() {
+        let closed = Arc::new(AtomicUsize::new(0));
+        for ttl in [None, Some(Duration::MAX), Some(NEVER)] {
+            let pool = Arc::new(Idle::new(2, ttl));
+            assert!(pool.put(Conn {
+                id: 1,
+                alive: Arc::new(AtomicBool::new(true)),
+                closed: closed.clone(),
+                busy: Arc::default(),
+            }));
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            assert_eq!(pool.take().map(|c| c.id), Some(1), "{ttl:?}: kept, no panic");
+            assert!(
+                !pool.reaping.load(Ordering::SeqCst),
+                "{ttl:?}: no reaper left running"
+            );
+        }
+        assert_eq!(closed.load(Ordering::SeqCst), 0);
     }
 }

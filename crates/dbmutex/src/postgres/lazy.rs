@@ -122,8 +122,13 @@ impl Side {
             return Ok(c);
         }
         let conn = self.connector.connect(&self.settings, None, true).await?;
-        self.conn.put(conn.clone());
-        Ok(conn)
+        if self.conn.put(conn.clone()) {
+            return Ok(conn);
+        }
+        // Lost at once, or another was adopted meanwhile (`set`).
+        self.conn
+            .shared()
+            .ok_or_else(|| Error::Connect("the side connection was lost as soon as it was made".into()))
     }
 
     /// Adopts `conn` (the pooler check's second connection, behind a pooler).
