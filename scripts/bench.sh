@@ -8,7 +8,8 @@
 #
 # Environment: DATABASE_URL (PostgreSQL), MYSQL_URL, LOCAL_URL, DURATION, ROUNDS,
 # CLIENTS, LOCKS, PAIRED (seconds per paired run), OUT (directory for the raw JSON
-# lines and pgbench logs).
+# lines and pgbench logs), LOAD (that many busy shell loops run beside the whole
+# benchmark, a loaded machine; default 0).
 # The hold-many ceiling probe is not run here: it fills the server's lock
 # table, which fails every other session's queries (see BENCHMARKS.md).
 set -euo pipefail
@@ -24,6 +25,16 @@ CLIENTS=${CLIENTS:-8}
 LOCKS=${LOCKS:-4500}
 OUT=${OUT:-$(mktemp -d -t dbmutex-bench.XXXXXX)}
 mkdir -p "$OUT"
+
+# A loaded machine on demand: LOAD busy loops, stopped when the script ends.
+LOAD=${LOAD:-0}
+hogs=()
+for _ in $(seq "$LOAD"); do
+    sh -c 'while :; do :; done' &
+    hogs+=("$!")
+done
+stop_hogs() { [ "${#hogs[@]}" -eq 0 ] || kill "${hogs[@]}" 2>/dev/null || true; }
+trap stop_hogs EXIT
 
 for tool in pgbench jq cargo; do
     command -v "$tool" >/dev/null || {
@@ -43,7 +54,7 @@ esac
 cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
 BENCH="${CARGO_TARGET_DIR:-target}/release/dbmutex-bench"
 
-echo "== machine: $(nproc) cores, $(uname -sr); server: $(psql -X -At "$PG_URL" -c 'SHOW server_version')"
+echo "== machine: $(nproc) cores, $(uname -sr); server: $(psql -X -At "$PG_URL" -c 'SHOW server_version'); busy loops beside: $LOAD"
 echo "== results in $OUT"
 
 # The same two statements as the floor scenario, prepared, each client on
