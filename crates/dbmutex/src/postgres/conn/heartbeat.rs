@@ -43,11 +43,8 @@ impl PgConn {
                     continue;
                 }
                 wait = every;
-                let comment = conn
-                    .last_comment
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
+                let name = conn.last_name.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let comment = name.map(|n| crate::key::sql_comment(&n)).unwrap_or_default();
                 // Still on our own server session? (A connection without a
                 // claim holds only transaction locks, pinned by their
                 // transaction.) The token is hex: nothing to escape.

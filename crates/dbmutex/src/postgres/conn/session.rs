@@ -76,9 +76,10 @@ pub(crate) struct PgConn {
     pub(super) task: tokio::task::AbortHandle,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
-    /// The last lock name sent in a comment, so the keepalive query can
-    /// carry it too (pg_stat_activity keeps showing it).
-    pub(super) last_comment: std::sync::Mutex<String>,
+    /// The last lock name sent in a comment (or remembered), so the
+    /// keepalive query can carry it too (pg_stat_activity keeps showing it);
+    /// made into a comment only then, not on every lock.
+    pub(super) last_name: std::sync::Mutex<Option<LockName>>,
     /// When the session last heard from the server (ms since `born`).
     pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
     pub(super) born: std::time::Instant,
@@ -151,7 +152,7 @@ impl PgConn {
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
             executed: Default::default(),
-            last_comment: Default::default(),
+            last_name: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
             born: std::time::Instant::now(),
             claim: std::sync::OnceLock::new(),
@@ -215,7 +216,7 @@ impl PgConn {
             Text::Named => {
                 let comment = crate::key::sql_comment(name);
                 let (sql, params) = sql::bound_commented(call, false, mode, key, &comment, owner);
-                *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = comment;
+                self.remember_name(name);
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
             Text::Plain => {
@@ -269,7 +270,7 @@ impl PgConn {
     /// last lock once it has been quiet for the keepalive period, though its
     /// lock statements themselves are prepared and carry no name.
     pub(crate) fn remember_name(&self, name: &LockName) {
-        *self.last_comment.lock().unwrap_or_else(|e| e.into_inner()) = crate::key::sql_comment(name);
+        *self.last_name.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.clone());
     }
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
