@@ -43,8 +43,9 @@ impl PgConn {
                     continue;
                 }
                 wait = every;
-                let name = conn.last_name.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let comment = name.map(|n| crate::key::sql_comment(&n)).unwrap_or_default();
+                // A name's text is itself a string name with the same comment.
+                let text = conn.last_name.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let comment = crate::key::sql_comment(&crate::LockName::Str(text));
                 // Still on our own server session? (A connection without a
                 // claim holds only transaction locks, pinned by their
                 // transaction.) The token is hex: nothing to escape.

@@ -79,7 +79,8 @@ pub(crate) struct PgConn {
     /// The last lock name sent in a comment (or remembered), so the
     /// keepalive query can carry it too (pg_stat_activity keeps showing it);
     /// made into a comment only then, not on every lock.
-    pub(super) last_name: std::sync::Mutex<Option<LockName>>,
+    /// The name as text, in a buffer reused from lock to lock.
+    pub(super) last_name: std::sync::Mutex<String>,
     /// When the session last heard from the server (ms since `born`).
     pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
     pub(super) born: std::time::Instant,
@@ -270,7 +271,11 @@ impl PgConn {
     /// last lock once it has been quiet for the keepalive period, though its
     /// lock statements themselves are prepared and carry no name.
     pub(crate) fn remember_name(&self, name: &LockName) {
-        *self.last_name.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.clone());
+        use std::fmt::Write;
+        let mut text = self.last_name.lock().unwrap_or_else(|e| e.into_inner());
+        text.clear();
+        // Writing to a String cannot fail.
+        let _ = write!(text, "{name}");
     }
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
