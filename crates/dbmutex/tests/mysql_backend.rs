@@ -775,14 +775,16 @@ async fn schemes_in_any_case_connect() {
 /// locker's `idle_timeout`: a quiet locker keeps no connection open.
 #[tokio::test]
 async fn idle_connections_are_closed_once_quiet() {
+    // Connected first, and a limit of 1 s: the check right after the
+    // release must not race the limit on a loaded machine.
+    let mut raw = mysql_raw().await;
     let a = Backend::Mysql
-        .connect(Locker::builder(&mysql_url()).idle_timeout(Duration::from_millis(300)))
+        .connect(Locker::builder(&mysql_url()).idle_timeout(Duration::from_secs(1)))
         .await;
     let name = unique("idle-close");
     let g = a.lock(name.as_str()).await.unwrap();
     let id = a.holders(name.as_str()).await.unwrap()[0].pid;
     g.release().await.unwrap();
-    let mut raw = mysql_raw().await;
     async fn open(raw: &mut Conn, id: i64) -> bool {
         let n: Option<i64> = raw
             .exec_first(
