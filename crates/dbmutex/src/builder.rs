@@ -168,7 +168,8 @@ impl LockerBuilder {
     /// session are the ones dialed: no proxy in between), as protocol-level
     /// prepared statements from its second lock of a kind (the first
     /// prepares and runs in one round trip, as below); anywhere else (a
-    /// pooler, a Unix socket, several hosts), `PREPARE`d under a name of the connection's own (`dbmutex_`
+    /// pooler, a Unix socket, several hosts), `PREPARE`d under a name of the
+    /// connection's own (`dbmutex_`
     /// and its random claim token) and run with `EXECUTE`, safe behind any
     /// pooler (no other client can know the name), at the cost of a small
     /// parse per statement (BENCHMARKS.md). With `false`, no statement

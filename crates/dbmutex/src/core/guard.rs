@@ -77,9 +77,10 @@ pub(crate) trait Grant: Send + Sync + 'static {
 /// at once and the unlock goes out in the background, so a loop of
 /// acquisitions does not wait a round trip per release (BENCHMARKS.md: about
 /// 1.4 × the raw driver's try + unlock cycle on PostgreSQL, where the awaited
-/// release is 0.86–0.99 ×, depending on the machine). A failed background unlock is logged as a
-/// `tracing` warning and is not returned to anyone; where the lock's fate is
-/// unknown, the lock's connection is closed, so the server frees it.
+/// release is 0.79–0.99 ×, depending on the machine's load). A failed
+/// background unlock is logged as a `tracing` warning and is not returned
+/// to anyone; where the lock's fate is unknown, the lock's connection is
+/// closed, so the server frees it.
 ///
 /// The guard is `Send` and `Sync` and may be held across `.await` points and
 /// moved between tasks.

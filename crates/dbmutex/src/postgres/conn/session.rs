@@ -76,10 +76,10 @@ pub(crate) struct PgConn {
     pub(super) task: tokio::task::AbortHandle,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
-    /// The last lock name sent in a comment (or remembered), so the
-    /// keepalive query can carry it too (pg_stat_activity keeps showing it);
-    /// made into a comment only then, not on every lock.
-    /// The name as text, in a buffer reused from lock to lock.
+    /// The text of the last lock name sent or remembered, in a buffer reused
+    /// from lock to lock, so the keepalive query can carry it in a comment
+    /// (`pg_stat_activity` keeps showing it); made into a comment only there,
+    /// not on every lock.
     pub(super) last_name: std::sync::Mutex<String>,
     /// When the session last heard from the server (ms since `born`).
     pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
