@@ -4,6 +4,7 @@
 mod backend;
 mod clients;
 mod fairness;
+mod fleet;
 mod floor;
 mod paired;
 mod probe;
@@ -75,6 +76,24 @@ struct Cli {
     /// (`LockOptions::fenced`), after the unfenced run, and reports the ratio.
     #[arg(long)]
     fenced: bool,
+    /// `fleet`: worker processes (each a locker of its own, like a host).
+    #[arg(long, default_value_t = 50)]
+    procs: usize,
+    /// `fleet`: names the workers spread over (worker i locks name i mod K).
+    #[arg(long, default_value_t = 1)]
+    names: usize,
+    /// `fleet-worker` only (set by `fleet`): which side, name, start and
+    /// end (ms since the epoch) and application_name.
+    #[arg(long, hide = true, default_value = "dbmutex")]
+    fleet_side: String,
+    #[arg(long, hide = true, default_value = "")]
+    fleet_name: String,
+    #[arg(long, hide = true, default_value_t = 0)]
+    fleet_start_ms: u64,
+    #[arg(long, hide = true, default_value_t = 0)]
+    fleet_end_ms: u64,
+    #[arg(long, hide = true, default_value = "")]
+    fleet_app: String,
     /// One JSON object per line per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -101,6 +120,14 @@ enum Scenario {
     /// turns in 100 ms slices of one process: the median ratio of
     /// adjacent slices (not part of `all`).
     Paired,
+    /// `--procs` separate processes locking in a loop on `--names` names,
+    /// beside the raw floor with as many processes: acquisitions/s, p99
+    /// wait, peak connections, server CPU per acquisition (PostgreSQL on
+    /// this machine; not part of `all`).
+    Fleet,
+    /// One process of `fleet` (started by it).
+    #[value(hide = true)]
+    FleetWorker,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -113,6 +140,9 @@ enum Strategy {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.scenario == Scenario::FleetWorker {
+        return fleet_worker(&cli);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -125,6 +155,36 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("dbmutex-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One `fleet` worker: a runtime of one thread, as a small process has.
+fn fleet_worker(cli: &Cli) -> ExitCode {
+    let side = match cli.fleet_side.as_str() {
+        "raw" => fleet::Side::Raw,
+        _ => fleet::Side::Dbmutex,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dbmutex-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let url = backend::run_url(&cli.database_url, BackendKind::Postgres);
+    match rt.block_on(fleet::worker(
+        &url,
+        side,
+        &cli.fleet_name,
+        cli.fleet_start_ms,
+        cli.fleet_end_ms,
+        &cli.fleet_app,
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dbmutex-bench: fleet worker: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -158,6 +218,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             floor_unnamed: cli.floor_unnamed,
             name_comments: !cli.no_comment,
             drop_release: cli.drop_release,
+            procs: cli.procs,
+            names: cli.names,
         },
         fenced: cli.fenced,
     };
@@ -205,7 +267,7 @@ fn applies(s: Scenario, kind: BackendKind) -> bool {
             Scenario::Uncontended | Scenario::Contended | Scenario::Fairness
         ),
         BackendKind::Postgres => true,
-        _ => s != Scenario::Foreign,
+        _ => !matches!(s, Scenario::Foreign | Scenario::Fleet),
     }
 }
 
@@ -239,6 +301,8 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
         Scenario::Fairness => fairness::fairness(env).await?,
         Scenario::Foreign => fairness::foreign(env).await?,
         Scenario::Paired => vec![paired::paired(env, env.p.drop_release).await?],
+        Scenario::Fleet => fleet::fleet(env, env.p.procs, env.p.names).await?,
+        Scenario::FleetWorker => unreachable!("run by main"),
         Scenario::All => unreachable!("expanded into a plan"),
     })
 }

@@ -73,6 +73,22 @@ impl Probe {
             Probe::Off => Ok(None),
         }
     }
+
+    /// PostgreSQL: the backend pids of the connections named `app`.
+    pub async fn pg_backend_pids(&self, app: &str) -> anyhow::Result<Vec<i32>> {
+        match self {
+            Probe::Pg(c) => Ok(c
+                .query(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                    &[&app],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()),
+            _ => anyhow::bail!("backend pids are PostgreSQL's"),
+        }
+    }
 }
 
 /// Samples the connection count in the background while a scenario runs

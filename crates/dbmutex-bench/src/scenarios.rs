@@ -42,6 +42,10 @@ pub struct Params {
     pub name_comments: bool,
     /// `paired` drops guards instead of awaiting `release()`.
     pub drop_release: bool,
+    /// `fleet`: worker processes.
+    pub procs: usize,
+    /// `fleet`: names they spread over.
+    pub names: usize,
 }
 
 /// What every scenario of a run shares.

@@ -21,6 +21,11 @@ impl Latencies {
     }
 
     /// The number of samples.
+    /// Every latency recorded, in µs, in recording order.
+    pub fn micros(&self) -> &[u32] {
+        &self.0
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

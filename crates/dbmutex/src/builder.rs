@@ -80,6 +80,9 @@ pub const DEFAULT_MAX_LOCKS: usize = 4096;
 /// leave room for everything else.
 pub const DEFAULT_MAX_SERVER_WAITS: usize = 8;
 
+/// The default for [`LockerBuilder::dead_peer_timeout`].
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The default for [`LockerBuilder::idle_timeout`]: long enough that a
 /// reconnect a minute costs nothing worth counting, short enough that a
 /// quiet locker soon holds no connection it does not need.
@@ -93,6 +96,7 @@ impl LockerBuilder {
                 prefix: Prefix::from_env(),
                 max_locks: DEFAULT_MAX_LOCKS,
                 keepalive: Duration::from_secs(1),
+                dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
                 connect_timeout: Duration::from_secs(5),
                 application_name: "dbmutex".into(),
                 name_comments: true,
@@ -139,6 +143,27 @@ impl LockerBuilder {
     /// 2.0–2.9 s at the default 1 s).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How soon the *server* frees the locks of a client that vanished
+    /// without closing its connection — a silent partition, a frozen host
+    /// or process, a client killed without a FIN (default
+    /// [`DEFAULT_DEAD_PEER_TIMEOUT`], 10 s; at least twice the holder's own
+    /// bound, `keepalive + max(keepalive, 500 ms)`, so a holder that can be
+    /// told is told first).
+    ///
+    /// PostgreSQL, on a direct connection: the session's
+    /// `tcp_keepalives_*`, `tcp_user_timeout`, `idle_session_timeout` and
+    /// `client_connection_check_interval`; MySQL/MariaDB: the session's
+    /// `wait_timeout` and `net_write_timeout`. Each holder's keepalive keeps
+    /// its own session busy, so only a client that stopped answering is cut
+    /// off. A frozen process cannot be told it lost its lock; fencing
+    /// tokens ([`LockOptions::fenced`](crate::LockOptions::fenced)) cover
+    /// that case. Behind a pooler the server's peer is the pooler, and the
+    /// pooler's own settings decide.
+    pub fn dead_peer_timeout(mut self, d: Duration) -> Self {
+        self.settings.dead_peer_timeout = d;
         self
     }
 

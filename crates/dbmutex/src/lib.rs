@@ -104,7 +104,10 @@ mod types;
 
 pub use crate::core::guard::LockGuard;
 pub use crate::core::scope::current_locks;
-pub use builder::{LockerBuilder, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_LOCKS, DEFAULT_MAX_SERVER_WAITS};
+pub use builder::{
+    LockerBuilder, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_LOCKS,
+    DEFAULT_MAX_SERVER_WAITS,
+};
 pub use error::{Error, Result};
 pub use key::{LockName, Prefix};
 pub use locker::Locker;

@@ -10,6 +10,9 @@ pub(crate) struct Settings {
     pub(crate) prefix: Prefix,
     pub(crate) max_locks: usize,
     pub(crate) keepalive: Duration,
+    /// How soon the server frees the locks of a client it no longer hears
+    /// from (see [`Settings::server_dead_peer_bound`]).
+    pub(crate) dead_peer_timeout: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) application_name: String,
     pub(crate) name_comments: bool,
@@ -26,4 +29,20 @@ pub(crate) struct Settings {
     /// Metrics carry a `name` label (feature `metrics`; off by default:
     /// one series per lock name).
     pub(crate) metrics_name_label: bool,
+}
+
+impl Settings {
+    /// How long a connection may stay silent before its holder is told it
+    /// lost its locks: the keepalive probe's bound.
+    pub(crate) fn holder_bound(&self) -> Duration {
+        self.keepalive + self.keepalive.max(Duration::from_millis(500))
+    }
+
+    /// The server's bound for freeing a vanished client's locks: the
+    /// configured `dead_peer_timeout`, but at least twice the holder's
+    /// bound, so a holder that can be told is told before anyone else can
+    /// take its lock.
+    pub(crate) fn server_dead_peer_bound(&self) -> Duration {
+        self.dead_peer_timeout.max(self.holder_bound() * 2)
+    }
 }

@@ -466,10 +466,11 @@ async fn locker_transaction_lock_lives_in_its_own_transaction() {
     assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
 }
 
-/// A waiter in another process wakes on the releasing process's NOTIFY, not
-/// on its next poll: with a 10 s backoff cap, polling alone would be late.
+/// A waiter in another process is handed the lock by the server's own
+/// queue (it waits in the server on its lock session), not on a next poll:
+/// with a 10 s backoff cap, polling alone would be late.
 #[tokio::test]
-async fn waiter_in_another_session_wakes_on_notify() {
+async fn waiter_in_another_session_is_handed_the_lock_at_once() {
     let (holder, waiter) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
     for round in 0..3 {
         let name = unique("notify");
@@ -996,6 +997,9 @@ async fn default_wait_polls_when_the_server_is_full() {
     let pg = common::PrivatePg::start(&[("max_connections", "6"), ("superuser_reserved_connections", "0")]);
     let name = unique("full-server");
     let waiter = Locker::connect(&pg.url()).await.unwrap();
+    // A lock held on the lock session, so that it cannot wait itself: the
+    // wait would need a connection of its own.
+    let other = waiter.lock(unique("full-server-other").as_str()).await.unwrap();
     // The holder, as another process: a raw session lock.
     let holder = pg.raw().await;
     let (k1, k2) = match dbmutex::key::pg_key(&name.as_str().into(), &dbmutex::Prefix::from_env()) {
@@ -1034,6 +1038,7 @@ async fn default_wait_polls_when_the_server_is_full() {
         .unwrap();
     let g = g.expect("no connection error: the wait polls").expect("acquired");
     g.release().await.unwrap();
+    other.release().await.unwrap();
     drop(fill);
 }
 
@@ -1139,9 +1144,11 @@ async fn a_quiet_locker_keeps_only_its_lock_session() {
             n
         }
     };
-    // A wait in the server (default strategy, behind another session):
-    // a dedicated connection, kept as a spare after the release.
+    // A wait in the server (default strategy, behind another session)
+    // while the lock session holds another lock: a dedicated connection,
+    // kept as a spare after the release.
     let contended = unique("quiet-contended");
+    let other = locker.lock(unique("quiet-other").as_str()).await.unwrap();
     let holder = Backend::Postgres.locker().await;
     let g = holder.lock(contended.as_str()).await.unwrap();
     let waiter = tokio::spawn({
@@ -1157,6 +1164,7 @@ async fn a_quiet_locker_keeps_only_its_lock_session() {
         .release()
         .await
         .unwrap();
+    other.release().await.unwrap();
     // Introspection (the side connection), then many locks held on the
     // lock session.
     assert_eq!(locker.holders(contended.as_str()).await.unwrap().len(), 0);

@@ -144,16 +144,6 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
         slots.entry(key.clone()).or_default().clone()
     }
 
-    /// The slot for `key` if some task uses it now.
-    pub(crate) fn existing_slot(self: &Arc<Self>, key: &K) -> Option<SlotRef<K, X>> {
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.get(key).map(|slot| SlotRef {
-            arbiter: self.clone(),
-            key: key.clone(),
-            slot: slot.clone(),
-        })
-    }
-
     /// A counted reference to `key`'s slot (created on first use).
     pub(crate) fn slot_ref(self: &Arc<Self>, key: &K) -> SlotRef<K, X> {
         SlotRef {

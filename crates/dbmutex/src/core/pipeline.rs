@@ -45,6 +45,9 @@ pub(crate) trait Engine: Send + Sync {
     ) -> BoxFut<'a, Result<Option<Upgraded>>>;
 }
 
+/// The longest pause between two reconnects of a wait that lost its server.
+const RECONNECT_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The pipeline over one backend.
 pub(crate) struct Pipeline<B: Backend> {
     backend: B,
@@ -193,7 +196,11 @@ impl<B: Backend> Pipeline<B> {
         }
     }
 
-    /// Deadline → hold → admit → wait.
+    /// Deadline → (hold → admit → wait), again after a lost or refused
+    /// connection until the deadline: a waiter rides out a server restart,
+    /// a dropped connection or a pooler slow to hand out a session
+    /// (reconnecting with backoff), and fails with the last error only once
+    /// its own bound has passed. A try-once fails at once.
     async fn grant(
         &self,
         name: &LockName,
@@ -201,6 +208,41 @@ impl<B: Backend> Pipeline<B> {
         opts: &LockOptions,
     ) -> Result<Option<Box<dyn Grant>>> {
         let deadline = wait::deadline(opts.timeout);
+        let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
+        let mut told = false;
+        loop {
+            let attempt = self.grant_once(name, key, opts, deadline);
+            let r = match (told, deadline) {
+                // A retry's connect must not outlast the caller's bound.
+                (true, Some(d)) => match tokio::time::timeout_at(d, attempt).await {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                },
+                _ => attempt.await,
+            };
+            match r {
+                Err(e) if matches!(e, Error::Connect(_)) && !opts.is_try_once() => {
+                    if !told {
+                        tracing::warn!(name = %name, error = %e, "dbmutex: lost the server while waiting; reconnecting until the wait's bound");
+                        told = true;
+                    }
+                    if !backoff.pause(None).await {
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Hold → admit → wait, once.
+    async fn grant_once(
+        &self,
+        name: &LockName,
+        key: &B::Key,
+        opts: &LockOptions,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Option<Box<dyn Grant>>> {
         let plan = self.backend.plan(opts);
         // In-process first: costs the server nothing, and the server could
         // not tell the tasks on one session apart anyway.
@@ -238,12 +280,16 @@ impl<B: Backend> Pipeline<B> {
                     return Ok(None);
                 }
                 // A permit (the locker's bound on server waits) and a
-                // connection to wait on; without either, poll.
+                // connection to wait on; without either, poll. The tries go
+                // first: the backend may wait on their own session.
+                drop(tries);
                 let permit = match self.server_waits.clone().try_acquire_owned() {
                     Ok(p) if self.backend.ready_to_wait(&at).await? => p,
-                    _ => return self.poll(&tries, &mut at, max_backoff).await,
+                    _ => {
+                        let tries = self.backend.prepare(&at).await?;
+                        return self.poll(&tries, &mut at, max_backoff).await;
+                    }
                 };
-                drop(tries);
                 let g = self.backend.wait_in_server(&mut at).await?;
                 Ok(g.map(|grant| {
                     Box::new(Permitted {

@@ -36,7 +36,4 @@ pub(crate) trait Upgrade: Send + Sync + 'static {
     /// value is dropped; `None` when another session is marked already
     /// (it holds the key shared too: each would wait for the other).
     fn claim(&self) -> Boxed<Result<Option<Box<dyn Send + Sync>>>>;
-
-    /// After a failed try: lets other holders know someone waits.
-    fn announce(&self) {}
 }

@@ -219,7 +219,6 @@ pub(crate) async fn acquire<B: Backend>(
                 None => return Err(deadlock("another session")),
             }
         }
-        up.announce();
         if !backoff.pause(notified.as_mut().map(|n| n.as_mut())).await {
             return Ok(None);
         }

@@ -39,6 +39,7 @@ fn settings(prefix: &str) -> Settings {
         prefix: Prefix::new(prefix),
         max_locks: 10,
         keepalive: Duration::from_secs(1),
+        dead_peer_timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(1),
         application_name: "unit".into(),
         name_comments: true,

@@ -76,6 +76,15 @@ impl Connector {
         if !has_param("tcp_keepalive") {
             builder = builder.tcp_keepalive(Some(settings.keepalive.max(Duration::from_secs(1))));
         }
+        // The server frees a vanished client's locks within the bound: a
+        // session idle (or stuck sending) that long is closed. Each lock
+        // session's ping keeps a live holder busy; see
+        // `LockerBuilder::dead_peer_timeout`.
+        let bound = settings.server_dead_peer_bound();
+        let secs = bound.as_secs().max(2);
+        builder = builder.init(vec![format!(
+            "SET SESSION wait_timeout = {secs}, net_write_timeout = {secs}"
+        )]);
         Ok(Connector {
             opts: builder.into(),
             connect_timeout: settings.connect_timeout,
@@ -83,7 +92,8 @@ impl Connector {
             // Unused past the locker's idle timeout, a connection is closed
             // (a middlebox may have dropped it silently, and a quiet locker
             // keeps none).
-            idle: Arc::new(Idle::new(IDLE_MAX, Some(settings.idle_timeout))),
+            // Well before the server's own cut-off for idle sessions.
+            idle: Arc::new(Idle::new(IDLE_MAX, Some(settings.idle_timeout.min(bound / 2)))),
         })
     }
 

@@ -22,6 +22,15 @@
 //!   lent, not kept. Past the budget the acquisition fails with
 //!   [`Error::ServerLockBudget`], and the server keeps a quarter of its table.
 //!
+//! **Connections are a budget too.** A locker needs one connection (its lock
+//! session, which also waits in the server when it holds nothing else);
+//! before it opens another — to wait for a second name while its session
+//! holds a lock — it asks the server how many ordinary connection slots are
+//! free ([`room_for_connection`]) and opens one only if, after it, at least
+//! [`CONNECTION_RESERVE`] (or a tenth of `max_connections`, if more) stay
+//! free for everyone else. Otherwise it polls on the lock session, which
+//! needs no connection.
+//!
 //! Every client holds a server connection, so at most `max_connections`
 //! lockers can each run `step` ahead of their last count: dbmutex's locks
 //! stay below `3/4 × capacity + max_connections × step ≤ capacity`, whatever
@@ -32,6 +41,28 @@ use std::sync::Arc;
 
 use super::conn::{LockTable, PgConn};
 use crate::{Error, Result};
+
+/// The fewest ordinary connection slots an extra connection of a locker
+/// leaves free (a tenth of `max_connections`, if that is more).
+pub(crate) const CONNECTION_RESERVE: i64 = 5;
+
+/// Whether the server has room for one more connection of ours (see the
+/// module docs), asked on `conn`; `false` if it cannot tell.
+pub(crate) async fn room_for_connection(conn: &PgConn) -> bool {
+    // Other roles' sessions may hide their backend_type (no
+    // pg_read_all_stats): counted as clients, to err on the safe side.
+    let sql = "SELECT current_setting('max_connections')::int,                current_setting('max_connections')::int                - current_setting('superuser_reserved_connections')::int                - coalesce(current_setting('reserved_connections', true)::int, 0)                - (SELECT count(*) FROM pg_stat_get_activity(NULL) a                   WHERE a.backend_type IS NULL OR a.backend_type = 'client backend')::int";
+    match conn.client.query_typed(sql, &[]).await {
+        Ok(rows) => rows.first().is_some_and(|r| {
+            let (max, free): (i32, i32) = (r.get(0), r.get(1));
+            i64::from(free) - 1 >= CONNECTION_RESERVE.max(i64::from(max) / 10)
+        }),
+        Err(e) => {
+            tracing::debug!(error = %e, "dbmutex: cannot count the server's free connections; polling instead");
+            false
+        }
+    }
+}
 
 /// One locker's share of the server's lock table.
 pub(crate) struct Budget {

@@ -40,18 +40,35 @@ impl Spares {
         Spares(Arc::new(Idle::new(MAX_SPARES, Some(idle))))
     }
 
+    /// An idle connection, if one is at hand.
+    pub(crate) fn take(&self) -> Option<Arc<PgConn>> {
+        self.0.take()
+    }
+
+    /// Keeps `conn` (clean: it holds nothing) for the next wait, if there is
+    /// room; else closes it.
+    pub(crate) fn put(&self, conn: Arc<PgConn>) {
+        self.0.put(conn);
+    }
+
     /// Makes sure an idle connection is at hand for the next wait,
-    /// connecting one (within `deadline`) if needed: `false` when none can
-    /// be had now.
-    pub(crate) async fn ready(
+    /// connecting one (within `deadline`) if needed and `room` (asked only
+    /// then) does not say the server is short of connections: `false` when
+    /// none can be had now.
+    pub(crate) async fn ready<R: std::future::Future<Output = Option<bool>>>(
         &self,
         connector: &Connector,
         settings: &Settings,
         deadline: Option<tokio::time::Instant>,
+        room: impl FnOnce() -> R,
     ) -> Result<bool> {
         if let Some(c) = self.0.take() {
             self.0.put(c);
             return Ok(true);
+        }
+        if room().await == Some(false) {
+            tracing::debug!("dbmutex: the server is short of connections; polling instead of waiting in it");
+            return Ok(false);
         }
         match connect_within(connector, settings, deadline).await {
             Ok(Some(c)) => {
@@ -147,7 +164,7 @@ async fn connect_within(
     settings: &Settings,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<Option<Arc<PgConn>>> {
-    let connect = connector.connect(settings, None, false);
+    let connect = connector.connect(settings, false);
     match deadline {
         None => connect.await.map(Some),
         Some(d) => match tokio::time::timeout_at(d, connect).await {
@@ -379,8 +396,7 @@ impl Grant for DedicatedGrant {
     /// A session lock only: a transaction lock's exclusive one could not be
     /// dropped before its transaction ends.
     fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
-        let of =
-            |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some(), None));
+        let of = |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some()));
         self.held.peek(of).flatten().flatten()
     }
 }

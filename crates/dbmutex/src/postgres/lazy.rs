@@ -1,35 +1,32 @@
 //! The locker's long-lived connections, made on first use and replaced
 //! when lost: the lock session, and a side connection for what must not
-//! hold up the lock session (introspection, lock-table counts, hand-off
-//! `NOTIFY`s, which commit and may wait on the server's disk) — opened only
-//! when first needed, so an uncontended locker keeps one connection.
+//! hold up the lock session (introspection, lock-table counts) — opened
+//! only when first needed, so an uncontended locker keeps one connection.
+//!
+//! Connections move between roles: a lock session that holds nothing when
+//! its task must wait is [detached](LazyConn::detach) to wait in the server
+//! (it then holds that lock as a dedicated connection), and a clean idle
+//! connection becomes the next lock session. So a process that takes one
+//! lock at a time keeps one connection, waiting or not.
 
 use std::sync::{Arc, Mutex};
 
-use super::conn::{Connector, NotifyHandler, PgConn};
-use super::{pooler, sql};
+use super::conn::{Connector, PgConn};
+use super::dedicated::Spares;
+use super::pooler;
 use crate::core::idle::{Idle, Reusable};
 use crate::settings::Settings;
 use crate::{Error, Result};
 
-/// Makes `conn` the lock session: it listens on the hand-off channel (never
-/// through a detected pooler: the caller checks first), learns whether it
-/// reaches the server directly (`PgConn::check_direct`), and probes a quiet
-/// spell (it runs only statements that answer at once, so a probe is never
-/// mistaken for a wait).
-pub(crate) async fn prepare_session(conn: &Arc<PgConn>, settings: &Settings, listen: bool) -> Result<()> {
-    if listen {
-        conn.client
-            .batch_execute(&format!("LISTEN {}", sql::CHANNEL))
-            .await
-            .map_err(|e| Error::Connect(Box::new(e)))?;
-    }
-    conn.check_direct().await;
+/// Makes `conn` the lock session: it probes a quiet spell (it runs only
+/// statements that answer at once, so a probe is never mistaken for a
+/// wait).
+pub(crate) fn prepare_session(conn: &Arc<PgConn>, settings: &Settings) {
     drop(conn.start_heartbeat(settings.keepalive, false));
-    Ok(())
 }
 
-/// A connection made on first use and replaced when lost.
+/// The lock session: made on first use (from an idle connection when one is
+/// at hand) and replaced when lost or detached.
 #[derive(Default)]
 pub(crate) struct LazyConn {
     conn: Mutex<Option<Arc<PgConn>>>,
@@ -37,13 +34,13 @@ pub(crate) struct LazyConn {
 }
 
 impl LazyConn {
-    /// The live connection, connecting a new one if there is none. With
-    /// `listen`, the new connection listens on the hand-off channel.
+    /// The live lock session: the current one, else an idle connection of
+    /// `spares`, else a new one.
     pub(crate) async fn get(
         &self,
         connector: &Connector,
         settings: &Settings,
-        listen: Option<&NotifyHandler>,
+        spares: &Spares,
     ) -> Result<Arc<PgConn>> {
         if let Some(c) = self.live() {
             return Ok(c);
@@ -52,15 +49,36 @@ impl LazyConn {
         if let Some(c) = self.live() {
             return Ok(c);
         }
-        let conn = connector.connect(settings, listen.cloned(), true).await?;
-        if listen.is_some() {
-            if !conn.is_claimed() {
-                return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+        let conn = match spares.take() {
+            Some(c) => {
+                c.claim().await?;
+                c
             }
-            prepare_session(&conn, settings, true).await?;
+            None => connector.connect(settings, true).await?,
+        };
+        if !conn.is_claimed() {
+            return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
         }
+        prepare_session(&conn, settings);
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Takes the lock session out, to wait in the server on it, if nothing
+    /// uses it (no lock held on it, no statement of another task under way:
+    /// each of those keeps a reference). The next task that needs a lock
+    /// session gets another.
+    pub(crate) fn detach(&self) -> Option<Arc<PgConn>> {
+        let mut slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if slot
+            .as_ref()
+            .is_some_and(|c| !c.is_lost() && Arc::strong_count(c) == 1)
+        {
+            let c = slot.take()?;
+            c.stop_heartbeat();
+            return Some(c);
+        }
+        None
     }
 
     /// Adopts `conn` if it is alive.
@@ -121,7 +139,7 @@ impl Side {
         if let Some(c) = self.conn.shared() {
             return Ok(c);
         }
-        let conn = self.connector.connect(&self.settings, None, true).await?;
+        let conn = self.connector.connect(&self.settings, true).await?;
         if self.conn.put(conn.clone()) {
             return Ok(conn);
         }

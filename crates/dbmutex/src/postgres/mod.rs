@@ -11,12 +11,18 @@
 //!   connection.
 //! - **A busy lock** is waited for in the server (the default
 //!   [`WaitStrategy::TryThenServer`]): the task holding the in-process hold
-//!   waits on a dedicated connection, in the server's queue, so processes
-//!   take turns and any holder's release (the gem's, psql's) hands the lock
-//!   over at once. At most
+//!   waits in the server's queue, so processes take turns and any holder's
+//!   release (the gem's, psql's) hands the lock over at once, waking only
+//!   the next waiter. It waits on the lock session itself when that holds
+//!   nothing else (the session then holds the lock, and the next lock
+//!   session is the next idle connection): a process that takes one lock at
+//!   a time keeps **one connection**, waiting or holding. Otherwise it waits
+//!   on a connection of its own, if the server has room for one (see
+//!   `budget.rs`); at most
 //!   [`LockerBuilder::max_server_waits`](crate::LockerBuilder::max_server_waits)
-//!   names wait (and are then held) that way per locker; past that, waiters
-//!   poll the lock session.
+//!   names wait (and are then held) that way per locker; past that, or
+//!   when the server is short of connections, waiters poll the lock
+//!   session.
 //! - **Server-side waits** asked for ([`WaitStrategy::Server`]) and
 //!   **transaction locks** ([`LockOptions::transaction`]) use a dedicated
 //!   connection per guard, because a blocked statement would stall the
@@ -71,21 +77,18 @@ mod xact;
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
-
 #[cfg(feature = "sqlx")]
 pub use caller::sqlx;
 pub use caller::{lock_session, CallerClient, ClientLockGuard};
-pub(crate) use conn::{Connector, NotifyHandler, PgConn};
+pub(crate) use conn::{Connector, PgConn};
 use dedicated::Spares;
 use errors::first_text;
-use handoff::{PgArbiter, PgSlot, Want};
+use handoff::{PgArbiter, PgSlot};
 use lazy::{prepare_session, LazyConn, Side};
 use session::SessionGrant;
 use session_lock::SessionLock;
 pub use xact::lock_xact;
 
-use crate::core::arbiter::Slot;
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
 use crate::core::guard::Grant;
 use crate::key::{pg_key, PgKey};
@@ -98,14 +101,10 @@ pub(crate) struct PgBackend {
     connector: Connector,
     /// The lock session shared by polling session locks.
     session: LazyConn,
-    /// The side connection (introspection, counts, hand-off messages),
-    /// opened on first use: an uncontended locker keeps one connection.
+    /// The side connection (introspection, counts), opened on first use:
+    /// an uncontended locker keeps one connection.
     side: Arc<Side>,
     arbiter: Arc<PgArbiter>,
-    /// Handles the hand-off channel's messages on the lock session.
-    on_notify: NotifyHandler,
-    /// This locker's id on the hand-off channel.
-    id: u64,
     /// A transaction pooler shares server sessions: session locks are refused.
     shared_sessions: bool,
     /// Whether the pooler checks are skipped (dbmutex's own tests).
@@ -128,16 +127,11 @@ impl PgBackend {
     }
 
     async fn with_connector(connector: Connector, settings: &Settings) -> Result<Self> {
-        let arbiter: Arc<PgArbiter> = Arc::default();
-        // Tells this locker's hand-off messages from others'.
-        let id = fastrand::u64(1..);
         let mut backend = PgBackend {
             side: Arc::new(Side::new(connector.clone(), settings.clone())),
             connector,
             session: LazyConn::default(),
-            arbiter: arbiter.clone(),
-            on_notify: handoff::handler(arbiter, id),
-            id,
+            arbiter: Arc::default(),
             shared_sessions: false,
             skip_pooler_check: settings.skip_pooler_check,
             spares: Spares::new(settings.idle_timeout),
@@ -148,34 +142,40 @@ impl PgBackend {
                 slots: 100,
             }),
         };
-        // Connect now, so a bad URL, server or password fails here. The
-        // second connection serves the pooler check (and is then closed, or kept
-        // as the side connection behind a pooler).
-        // The lock session listens only once no pooler was seen.
-        let (session, other) = tokio::join!(
-            backend
-                .connector
-                .connect(settings, Some(backend.on_notify.clone()), true),
-            backend.connector.connect(settings, None, true)
-        );
-        let (session, other) = (session?, other?);
-        if let Some(t) = session.lock_table.get().or(other.lock_table.get()) {
+        // Connect now, so a bad URL, server or password fails here.
+        let session = backend.connector.connect(settings, true).await?;
+        if let Some(t) = session.lock_table.get() {
             backend.budget = budget::Budget::new(*t);
         }
-        // The behavioural check runs even when a claim already told: it is
-        // what finds a statement pooler (which refuses its BEGIN).
-        let moves = !settings.skip_pooler_check && pooler::shares_sessions(&session, &other).await?;
+        // A claimed session on the very address and port we dialed is the
+        // server itself: no pooler can be in between, and one connection
+        // is all it takes. Anything else gets the behavioural check on a
+        // second connection, even when a claim already told: it is what
+        // finds a statement pooler (which refuses its BEGIN).
+        let check = !settings.skip_pooler_check && !(session.is_claimed() && session.is_direct());
+        let other = match check {
+            true => Some(backend.connector.connect(settings, true).await?),
+            false => None,
+        };
+        let moves = match &other {
+            Some(other) => pooler::shares_sessions(&session, other).await?,
+            None => false,
+        };
         backend.shared_sessions = moves
             || (!settings.skip_pooler_check && (!session.is_claimed() || backend.connector.pooler_seen()));
         if backend.shared_sessions {
             tracing::warn!("dbmutex: {}", pooler::SESSION_LOCKS_UNSAFE);
             session.close();
-            backend.side.set(other);
+            if let Some(other) = other {
+                backend.side.set(other);
+            }
         } else {
-            prepare_session(&session, settings, true).await?;
+            prepare_session(&session, settings);
             backend.session.set(session);
             // One connection at steady state: the check's second one goes.
-            other.close();
+            if let Some(other) = other {
+                other.close();
+            }
         }
         Ok(backend)
     }
@@ -186,22 +186,11 @@ impl PgBackend {
     async fn probe(&self, _settings: &Settings) -> Result<Arc<PgConn>> {
         self.side.get().await
     }
-
-    /// Hand-off messages go out on the side connection.
-    fn channel(&self, session: &Arc<PgConn>) -> handoff::Channel {
-        handoff::Channel {
-            sender: self.id,
-            side: self.side.clone(),
-            runtime: session.runtime.clone(),
-        }
-    }
 }
 
-/// One polling wait's session and announcements.
+/// One polling wait's session.
 pub(crate) struct Tries {
     conn: Arc<PgConn>,
-    channel: handoff::Channel,
-    want: Want,
 }
 
 impl Backend for PgBackend {
@@ -279,20 +268,10 @@ impl Backend for PgBackend {
         async move {
             let conn = self
                 .session
-                .get(&self.connector, at.settings, Some(&self.on_notify))
+                .get(&self.connector, at.settings, &self.spares)
                 .await?;
-            let channel = self.channel(&conn);
-            Ok(Tries {
-                want: Want::new(channel.clone(), *at.key),
-                conn,
-                channel,
-            })
+            Ok(Tries { conn })
         }
-    }
-
-    /// A hand-off message (`r`) from the process that released.
-    fn wake(slot: &Slot<PgSlot>) -> Option<&Notify> {
-        Some(&slot.ext.remote)
     }
 
     fn try_once<'a>(
@@ -320,32 +299,36 @@ impl Backend for PgBackend {
                     .as_ref()
                     .is_some_and(|h| handoff::take_parked(h.slot(), lock.conn.id));
             if !parked && !lock.try_lock().await? {
-                // Ask the holder's process (if it is a dbmutex) to tell us
-                // when it lets go, instead of waiting for the next poll.
-                tries.want.announce();
                 return Ok(None);
             }
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);
             }
             let ticket = at.ticket.take().map(budget::Slot::granted);
-            let grant = SessionGrant::new(
-                lock,
-                tries.channel.clone(),
-                at.hold.take(),
-                ticket,
-                self.names.clone(),
-            );
+            let grant = SessionGrant::new(lock, at.hold.take(), ticket, self.names.clone());
             Ok(Some(Box::new(grant) as Box<dyn Grant>))
         }
     }
 
-    /// A connection for the wait is at hand (an idle one, or a new one
-    /// made now): else the core polls on the lock session, which needs none
-    /// (a server at `max_connections` must not fail a wait that polling
-    /// would serve).
+    /// A connection for the wait is at hand: the lock session itself if it
+    /// holds nothing (no new connection), else an idle one, else a new one
+    /// made now if the server has room for it; else the core polls on the
+    /// lock session, which needs none (a server short of connections must
+    /// not fail a wait that polling would serve).
     fn ready_to_wait<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, bool> {
-        self.spares.ready(&self.connector, at.settings, at.deadline)
+        async move {
+            if let Some(c) = self.session.detach() {
+                self.spares.put(c);
+                return Ok(true);
+            }
+            let room = || async {
+                let conn = self.session.live()?;
+                Some(budget::room_for_connection(&conn).await)
+            };
+            self.spares
+                .ready(&self.connector, at.settings, at.deadline, room)
+                .await
+        }
     }
 
     fn wait_in_server<'a>(&'a self, at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
@@ -354,8 +337,6 @@ impl Backend for PgBackend {
                 .ticket
                 .take()
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
-            // After a failed try, `try_once` has announced the wait (see
-            // `handoff::park`).
             let hold = at.hold.take();
             self.spares.acquire(&self.connector, at, ticket, hold).await
         }

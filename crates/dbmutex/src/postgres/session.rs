@@ -1,5 +1,5 @@
 //! A session lock held on the shared lock session, and its release (with
-//! the in-process and cross-process hand-offs of [`super::handoff`]).
+//! the in-process hand-off of [`super::handoff`]).
 
 use std::future::Future;
 
@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use super::budget;
 use std::sync::Arc;
 
-use super::handoff::{self, Channel, PgHold};
+use super::handoff::{self, PgHold};
 use super::names::OwnNames;
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
@@ -28,8 +28,6 @@ pub(crate) struct SessionGrant {
 /// What the release needs.
 struct Release {
     lock: SessionLock,
-    /// Where hand-off notifications go out.
-    channel: Channel,
     /// Given back once the unlock is on the wire.
     hold: Option<PgHold>,
     /// Room in the server's lock table, given back once the server lock is.
@@ -41,7 +39,6 @@ struct Release {
 impl SessionGrant {
     pub(crate) fn new(
         lock: SessionLock,
-        channel: Channel,
         hold: Option<PgHold>,
         budget: Option<budget::Slot>,
         names: Arc<OwnNames>,
@@ -52,7 +49,6 @@ impl SessionGrant {
             release: Undo::with(
                 Release {
                     lock,
-                    channel,
                     hold,
                     budget,
                     names,
@@ -72,18 +68,15 @@ impl Release {
         drop(runtime.spawn(async move {
             let Release {
                 lock,
-                channel,
                 hold,
                 budget,
                 names,
             } = self;
             names.remove(&lock.key);
-            let wanted = handoff::take_wanted(hold.as_ref());
             let r = lock.unlock().await;
             drop((hold, budget));
-            match r {
-                Ok(()) => channel.released(&lock.key, wanted),
-                Err(e) => tracing::warn!(name = %lock.name, error = %e, "dbmutex: unlock on drop failed"),
+            if let Err(e) = r {
+                tracing::warn!(name = %lock.name, error = %e, "dbmutex: unlock on drop failed");
             }
         }));
     }
@@ -97,7 +90,6 @@ impl Grant for SessionGrant {
             // owns the unlock: its first poll sends it (below).
             let Release {
                 lock,
-                channel,
                 mut hold,
                 budget,
                 names,
@@ -118,16 +110,11 @@ impl Grant for SessionGrant {
             // in-process waiter may go: whatever it sends reaches the server
             // after our unlock, so the hand-off costs it one round trip.
             let first = std::future::poll_fn(|cx| std::task::Poll::Ready(unlock.as_mut().poll(cx))).await;
-            let wanted = handoff::take_wanted(hold.as_ref());
             drop(hold);
-            let r = match first {
+            match first {
                 std::task::Poll::Ready(r) => r,
                 std::task::Poll::Pending => unlock.await,
-            };
-            if r.is_ok() {
-                channel.released(&lock.key, wanted);
             }
-            r
         })
     }
 
@@ -148,8 +135,7 @@ impl Grant for SessionGrant {
     }
 
     fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
-        let of =
-            |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some(), Some(r.channel.clone()));
+        let of = |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some());
         self.release.peek(of).flatten()
     }
 }

@@ -9,10 +9,6 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::key::{self, PgKey};
 use crate::{LockName, Mode};
 
-/// The `LISTEN`/`NOTIFY` channel of the hand-off messages (see
-/// `handoff`), which every lock session listens on.
-pub(crate) const CHANNEL: &str = "dbmutex_handoff";
-
 /// Which advisory-lock function.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Call {

@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use super::handoff::{Channel, Want};
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
 use crate::core::guard::BoxFuture;
@@ -40,18 +39,12 @@ pub(crate) struct PgUpgrade {
     /// The shared lock's session, key and name, in exclusive mode.
     lock: SessionLock,
     in_process: bool,
-    /// Announces the wait to other lockers (lock-session grants).
-    want: Option<Want>,
 }
 
 impl PgUpgrade {
     /// For a session lock held `shared` on its session; `None` for an
     /// exclusive one (nothing to upgrade).
-    pub(crate) fn of(
-        shared: &SessionLock,
-        in_process: bool,
-        channel: Option<Channel>,
-    ) -> Option<Arc<dyn Upgrade>> {
+    pub(crate) fn of(shared: &SessionLock, in_process: bool) -> Option<Arc<dyn Upgrade>> {
         if shared.mode != Mode::Shared {
             return None;
         }
@@ -61,7 +54,6 @@ impl PgUpgrade {
                 ..shared.clone()
             },
             in_process,
-            want: channel.map(|c| Want::new(c, shared.key)),
         }))
     }
 }
@@ -128,12 +120,6 @@ impl Upgrade for PgUpgrade {
                 Box::new(Undo::with(intent, SessionLock::spawn_unlock)) as Box<dyn Send + Sync>
             ))
         })
-    }
-
-    fn announce(&self) {
-        if let Some(w) = &self.want {
-            w.announce();
-        }
     }
 }
 

@@ -12,8 +12,11 @@ impl PgConn {
     /// shared: we are behind a pooler (or one that keeps session state
     /// between clients), and this connection stays unclaimed.
     ///
+    /// A claimed connection then learns whether it reaches the server
+    /// directly (see [`check_direct`](Self::check_direct)).
+    ///
     /// Tried once per connection; later calls return at once.
-    pub(crate) async fn claim(&self) -> Result<()> {
+    pub(crate) async fn claim(self: &Arc<Self>) -> Result<()> {
         if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
@@ -57,18 +60,28 @@ impl PgConn {
             self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.heard_from_server();
+        self.check_direct().await;
         Ok(())
     }
 
     /// Decides whether this claimed connection reaches the server directly
-    /// (resolving the dialed host name if it is one). Only the lock session
-    /// asks: its statements are the only ones that can be prepared.
-    pub(crate) async fn check_direct(&self) {
+    /// (resolving the dialed host name if it is one); if it does, asks the
+    /// server to watch for our vanishing (`liveness.rs`).
+    async fn check_direct(self: &Arc<Self>) {
         let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
             return;
         };
         let direct = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
         self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
+        if direct {
+            self.ask_server_to_watch();
+        }
+    }
+
+    /// Whether [`check_direct`](Self::check_direct) found the server itself
+    /// at the address and port dialed.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This connection's claim token, `""` when it has none.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Config};
 
-use super::session::{NotifyHandler, PgConn};
+use super::session::PgConn;
 use super::tls::{make_tls, Tls};
 use crate::redact::{pg_reason, redact_url, with_scheme};
 use crate::settings::Settings;
@@ -19,6 +19,8 @@ pub(crate) struct Connector {
     /// Shared by every connection made here: set when one of them finds
     /// its statements running on another server session.
     pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+    /// The server's side of liveness (see `liveness.rs`).
+    dead_peer: Duration,
 }
 
 impl Connector {
@@ -107,20 +109,15 @@ impl Connector {
             config,
             tls,
             pooler_seen: Arc::default(),
+            dead_peer: settings.server_dead_peer_bound(),
         }
     }
 
-    /// Opens a connection. `on_notify` receives `NOTIFY` messages. With
-    /// `claim`, it claims its server session (see
+    /// Opens a connection. With `claim`, it claims its server session (see
     /// [`Claim`](super::session::Claim)) before it is returned; a connection
     /// for transaction locks needs no claim (and behind a busy pooler, a
     /// claim would wait for a free server session).
-    pub(crate) async fn connect(
-        &self,
-        settings: &Settings,
-        on_notify: Option<NotifyHandler>,
-        claim: bool,
-    ) -> Result<Arc<PgConn>> {
+    pub(crate) async fn connect(&self, settings: &Settings, claim: bool) -> Result<Arc<PgConn>> {
         let fut = async {
             match &self.tls {
                 Tls::Off => {
@@ -129,12 +126,12 @@ impl Connector {
                         .connect(tokio_postgres::NoTls)
                         .await
                         .map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn, on_notify))
+                    Ok::<_, Error>(self.start(client, conn))
                 }
                 #[cfg(feature = "tls")]
                 Tls::Rustls(t) => {
                     let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn, on_notify))
+                    Ok::<_, Error>(self.start(client, conn))
                 }
             }
         };
@@ -154,12 +151,7 @@ impl Connector {
     }
 
     /// Wraps a connected client in a [`PgConn`] of this connector.
-    fn start<S, T>(
-        &self,
-        client: Client,
-        conn: tokio_postgres::Connection<S, T>,
-        on_notify: Option<NotifyHandler>,
-    ) -> Arc<PgConn>
+    fn start<S, T>(&self, client: Client, conn: tokio_postgres::Connection<S, T>) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -168,9 +160,9 @@ impl Connector {
             client,
             conn,
             self.tls.clone(),
-            on_notify,
             self.pooler_seen.clone(),
             super::direct::Dialed::of(&self.config),
+            self.dead_peer,
         )
     }
 

@@ -21,7 +21,30 @@ impl PgConn {
     /// runs on its claimed server session (see
     /// [`Claim`](super::session::Claim)); with `xact` (a connection whose open
     /// transaction pins its session) it need not.
+    ///
+    /// A connection runs one probe at a time: starting one stops the last.
     pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
+        let handle = self.probe(every, xact);
+        if let Some(old) = self
+            .beat
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(handle.clone())
+        {
+            old.abort();
+        }
+        handle
+    }
+
+    /// Stops the keepalive probe, before a statement that may block in the
+    /// server (the probe would take its silence for a dead server).
+    pub(crate) fn stop_heartbeat(&self) {
+        if let Some(h) = self.beat.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            h.abort();
+        }
+    }
+
+    fn probe(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         let answer_within = every.max(Duration::from_millis(500));
         self.runtime.spawn(async move {

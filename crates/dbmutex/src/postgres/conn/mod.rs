@@ -9,15 +9,18 @@
 //!   moves us off it;
 //! - `direct.rs`: whether a connection reaches the server with no pooler
 //!   in between (then its lock statements are protocol-level prepared);
-//! - `heartbeat.rs`: the keepalive probe of a lock session.
+//! - `heartbeat.rs`: the keepalive probe of a lock session;
+//! - `liveness.rs`: asking the server to free a vanished client's locks
+//!   within a bound.
 
 mod claim;
 mod connector;
 mod direct;
 mod executed;
 mod heartbeat;
+mod liveness;
 mod session;
 mod tls;
 
 pub(crate) use connector::Connector;
-pub(crate) use session::{LockTable, NotifyHandler, PgConn, Text};
+pub(crate) use session::{LockTable, PgConn, Text};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_postgres::{AsyncMessage, CancelToken, Client};
+use tokio_postgres::{CancelToken, Client};
 
 use super::tls::Tls;
 use crate::key::PgKey;
@@ -29,9 +29,6 @@ pub(crate) enum Text {
     /// the server directly (see `direct.rs`), or with `name_comments(false)`.
     Prepared,
 }
-
-/// What to do with `NOTIFY` messages arriving on a connection.
-pub(crate) type NotifyHandler = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
 /// A server session marked as ours: a random token in the session-level
 /// setting `dbmutex.owner`, which only this connection's statements can
@@ -74,6 +71,9 @@ pub(crate) struct PgConn {
     pub(super) cancel: CancelToken,
     pub(super) tls: Tls,
     pub(super) task: tokio::task::AbortHandle,
+    /// The running keepalive probe (see `heartbeat.rs`), stopped before the
+    /// connection serves a wait that blocks in the server.
+    pub(super) beat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
     /// The text of the last lock name sent or remembered, in a buffer reused
@@ -107,6 +107,10 @@ pub(crate) struct PgConn {
     /// The server itself answers on what we dialed, no pooler in between:
     /// set for a lock session by [`PgConn::check_direct`].
     pub(super) direct: std::sync::atomic::AtomicBool,
+    /// The bound for the server's side of liveness (see `liveness.rs`).
+    pub(super) dead_peer: Duration,
+    /// Whether the server was asked to watch this session.
+    pub(super) watched: std::sync::atomic::AtomicBool,
 }
 
 impl PgConn {
@@ -114,9 +118,9 @@ impl PgConn {
         client: Client,
         mut conn: tokio_postgres::Connection<S, T>,
         tls: Tls,
-        on_notify: Option<NotifyHandler>,
         pooler_seen: Arc<std::sync::atomic::AtomicBool>,
         dialed: Option<super::direct::Dialed>,
+        dead_peer: Duration,
     ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -127,11 +131,7 @@ impl PgConn {
         let task = tokio::spawn(async move {
             loop {
                 match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-                    Some(Ok(AsyncMessage::Notification(n))) => {
-                        if let Some(h) = &on_notify {
-                            h(n.channel(), n.payload());
-                        }
-                    }
+                    // Notices and notifications: nothing for us.
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "dbmutex: PostgreSQL connection ended");
@@ -150,6 +150,7 @@ impl PgConn {
             lost,
             tls,
             task: task.abort_handle(),
+            beat: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
             executed: Default::default(),
@@ -163,6 +164,8 @@ impl PgConn {
             dialed,
             server_end: Default::default(),
             direct: Default::default(),
+            dead_peer,
+            watched: Default::default(),
         })
     }
 

@@ -1,0 +1,364 @@
+//! A fleet of real `dbmutex run` processes on private servers: waiting
+//! costs the server one connection per process and leaves room for
+//! everyone else; a holder that vanished behind a silent partition loses
+//! its lock on the server within the documented bound (and learns of it
+//! first); a waiter rides out a server restart.
+//!
+//! The partition tests run inside a private network namespace (`ip netns`,
+//! loopback addresses only): the server listens on 127.0.0.1 and 127.0.0.2,
+//! the holder connects through 127.0.0.2, and blackhole routing rules then
+//! drop every packet to or from 127.0.0.2 without a reset, while the
+//! contender reaches the server through 127.0.0.1.
+
+#[path = "../../dbmutex/tests/common/private.rs"]
+mod private;
+#[path = "../../dbmutex/tests/common/private_mariadb.rs"]
+mod private_mariadb;
+#[path = "../../dbmutex/tests/common/private_pg.rs"]
+mod private_pg;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use private_mariadb::PrivateMariaDb;
+use private_pg::PrivatePg;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
+
+fn dbmutex(url: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("DBMUTEX_DATABASE_URL", url)
+        .stdin(Stdio::null());
+    c
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The two int4 keys of a string name (no prefix).
+fn pg_keys(name: &str) -> (i32, i32) {
+    match dbmutex::key::pg_key(&name.into(), &dbmutex::Prefix::from_env()) {
+        dbmutex::key::PgKey::Pair(a, b) => (a, b),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn count(raw: &tokio_postgres::Client, sql: &str) -> i64 {
+    raw.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// 50 processes waiting for one name on a server with the default
+/// `max_connections = 100` use 50 connections in all (one each: the lock
+/// session waits in the server itself), an ordinary client connects 10 of
+/// 10 times while they wait, and every waiter then gets the lock in turn,
+/// one at a time.
+#[test]
+fn fifty_waiting_processes_leave_room_for_everyone_else() {
+    const WAITERS: usize = 50;
+    let pg = PrivatePg::start(&[
+        ("max_connections", "100"),
+        ("superuser_reserved_connections", "3"),
+    ]);
+    let dir = tempfile_dir("fleet-fifty");
+    let name = "fleet-fifty";
+    let (k1, k2) = pg_keys(name);
+    let rt = rt();
+    let raw = rt.block_on(pg.raw());
+    rt.block_on(raw.batch_execute("CREATE ROLE app LOGIN")).unwrap();
+    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let script = format!(
+        "mkdir {d}/in || exit 99; sleep 0.02; rmdir {d}/in; echo x >> {d}/ran",
+        d = dir.display()
+    );
+    let mut waiters: Vec<Child> = (0..WAITERS)
+        .map(|_| {
+            dbmutex(&pg.url())
+                .args(["run", "-w", "240", name, "--", "sh", "-c", &script])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Every waiter queued in the server.
+    let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
+    let until = Instant::now() + Duration::from_secs(90);
+    while rt.block_on(count(&raw, waiting_sql)) < WAITERS as i64 {
+        assert!(Instant::now() < until, "not every waiter queued in the server");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ours = rt.block_on(count(
+        &raw,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'",
+    ));
+    println!("{WAITERS} waiting processes: {ours} server connections");
+    assert!(
+        ours <= WAITERS as i64 + 2,
+        "{WAITERS} waiters took {ours} connections"
+    );
+    // An ordinary (non-superuser) client still gets in, every time.
+    let app_url = pg.url().replace("postgres://postgres@", "postgres://app@");
+    let mut connected = 0;
+    for _ in 0..10 {
+        if let Ok((c, conn)) = rt.block_on(tokio_postgres::connect(&app_url, tokio_postgres::NoTls)) {
+            rt.spawn(conn);
+            if rt.block_on(c.simple_query("SELECT 1")).is_ok() {
+                connected += 1;
+            }
+        }
+    }
+    assert_eq!(
+        connected, 10,
+        "an ordinary client connects while {WAITERS} processes wait"
+    );
+    rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    for (i, w) in waiters.iter_mut().enumerate() {
+        let status =
+            wait_exit(w, Duration::from_secs(120)).unwrap_or_else(|| panic!("waiter {i} never finished"));
+        let mut err = String::new();
+        if let Some(mut e) = w.stderr.take() {
+            std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+        }
+        assert!(status.success(), "waiter {i}: {status}, stderr: {err}");
+    }
+    let ran = std::fs::read_to_string(dir.join("ran")).unwrap();
+    assert_eq!(
+        ran.lines().count(),
+        WAITERS,
+        "every waiter ran its command once, never two at once"
+    );
+}
+
+/// A waiter whose server restarts keeps waiting (reconnecting) until its
+/// own bound, and gets the lock once the server is back and the lock free.
+#[test]
+fn a_waiter_rides_out_a_server_restart() {
+    let pg = PrivatePg::start(&[]);
+    let name = "fleet-restart";
+    let (k1, k2) = pg_keys(name);
+    let rt = rt();
+    let raw = rt.block_on(pg.raw());
+    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let mut waiter = dbmutex(&pg.url())
+        .args(["run", "-w", "60", name, "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
+    let until = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(count(&raw, waiting_sql)) < 1 {
+        assert!(Instant::now() < until, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The restart ends every session: the raw holder's lock goes with it.
+    pg.restart();
+    let status =
+        wait_exit(&mut waiter, Duration::from_secs(30)).expect("the waiter finishes after the restart");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+}
+
+fn tempfile_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("dbmutex-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs this test binary's test `name` again inside a fresh network
+/// namespace (`ip netns`), with 127.0.0.2 on its loopback and the local
+/// routing table moved behind room for blackhole rules, and fails unless
+/// it passed there. The namespace is removed afterwards.
+fn in_netns(name: &str) {
+    // One namespace per test: the two partition tests may run at once.
+    let tag = if name.contains("postgres") { "pg" } else { "my" };
+    let ns = format!("dbmutex-{}-{tag}", std::process::id());
+    let sh = |cmd: &str| {
+        let s = Command::new("sh").arg("-c").arg(cmd).status().unwrap();
+        assert!(s.success(), "{cmd}: {s}");
+    };
+    sh(&format!("ip netns add {ns}"));
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _gone = Gone(ns.clone());
+    let x = |cmd: &str| sh(&format!("ip netns exec {ns} {cmd}"));
+    x("ip link set lo up");
+    x("ip addr add 127.0.0.2/8 dev lo");
+    x("ip rule add prio 1000 lookup local");
+    x("ip rule del prio 0");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("DBMUTEX_TEST_IN_NETNS", &ns)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "inside the namespace:\n{text}"
+    );
+}
+
+/// Cuts 127.0.0.2 off, in both directions, with no reset: a silent partition.
+fn partition() {
+    for rule in ["prio 1 to 127.0.0.2 blackhole", "prio 2 from 127.0.0.2 blackhole"] {
+        let s = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ip rule add {rule}"))
+            .status()
+            .unwrap();
+        assert!(s.success(), "ip rule add {rule}");
+    }
+}
+
+/// The partition scenario on one server: a holder through 127.0.0.2 is cut
+/// off; it is told first (exit 70, its command stopped), then the server
+/// frees the lock and a contender through 127.0.0.1 gets it — within the
+/// default bound (10 s) of the cut, plus the contender's own start.
+fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
+    let dir = tempfile_dir("fleet-partition");
+    let marker = dir.join("holding");
+    let mut holder = dbmutex(holder_url)
+        .args(["run", name, "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 120", marker.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(Instant::now() < until, "the holder never started its command");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Let the holder settle into its keepalive rhythm.
+    std::thread::sleep(Duration::from_millis(500));
+    partition();
+    let cut = Instant::now();
+    let got = dir.join("got");
+    let mut contender = dbmutex(contender_url)
+        .args(["run", "-w", "60", name, "--", "sh", "-c"])
+        .arg(format!("touch {}", got.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let holder_status = wait_exit(&mut holder, Duration::from_secs(30)).expect("the holder is told");
+    let told = cut.elapsed();
+    let status = wait_exit(&mut contender, Duration::from_secs(60)).expect("the contender gets in");
+    let freed = cut.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut contender.stderr.take().unwrap(), &mut err).unwrap();
+    println!("holder told after {told:?} ({holder_status}); contender in after {freed:?}");
+    assert_eq!(holder_status.code(), Some(70), "the holder reports the loss");
+    assert!(status.success(), "contender: {status}: {err}");
+    assert!(got.exists());
+    assert!(
+        told < freed,
+        "the holder is told before the server frees the lock"
+    );
+    assert!(told < Duration::from_secs(5), "holder bound: {told:?}");
+    assert!(freed < Duration::from_secs(20), "server bound: {freed:?}");
+}
+
+#[test]
+fn a_partitioned_holder_loses_its_lock_on_the_postgres_server() {
+    if std::env::var_os("DBMUTEX_TEST_IN_NETNS").is_none() {
+        return in_netns("a_partitioned_holder_loses_its_lock_on_the_postgres_server");
+    }
+    let pg = PrivatePg::start(&[("listen_addresses", "'127.0.0.1,127.0.0.2'")]);
+    let holder_url = pg.url().replace("@127.0.0.1:", "@127.0.0.2:");
+    partitioned_holder(&holder_url, &pg.url(), "fleet-partition-pg");
+}
+
+#[test]
+fn a_partitioned_holder_loses_its_lock_on_the_mariadb_server() {
+    if std::env::var_os("DBMUTEX_TEST_IN_NETNS").is_none() {
+        return in_netns("a_partitioned_holder_loses_its_lock_on_the_mariadb_server");
+    }
+    let my = PrivateMariaDb::start(&["--bind-address=0.0.0.0"]);
+    let holder_url = my.url().replace("@127.0.0.1:", "@127.0.0.2:");
+    partitioned_holder(&holder_url, &my.url(), "fleet-partition-my");
+}
+
+/// A frozen holder (SIGSTOP: its kernel still answers TCP, so keepalives
+/// alone never fire) loses its lock on the server within the bound, a
+/// contender gets in, and once thawed the holder reports the loss (exit 70)
+/// instead of going on as if it held the lock.
+fn frozen_holder(url: &str, name: &str) {
+    let dir = tempfile_dir(&format!("fleet-frozen-{name}"));
+    let marker = dir.join("holding");
+    let mut holder = dbmutex(url)
+        .args(["run", name, "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 120", marker.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !marker.exists() {
+        assert!(Instant::now() < until, "the holder never started its command");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = holder.id() as i32;
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let frozen = Instant::now();
+    let mut contender = dbmutex(url)
+        .args(["run", "-w", "60", name, "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_exit(&mut contender, Duration::from_secs(60)).expect("the contender gets in");
+    let freed = frozen.elapsed();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let holder_status = wait_exit(&mut holder, Duration::from_secs(30)).expect("the thawed holder stops");
+    println!("{name}: contender in {freed:?} after the freeze; thawed holder: {holder_status}");
+    assert!(status.success(), "contender: {status}");
+    assert!(freed < Duration::from_secs(20), "server bound: {freed:?}");
+    assert_eq!(
+        holder_status.code(),
+        Some(70),
+        "the thawed holder reports the loss"
+    );
+}
+
+#[test]
+fn a_frozen_holder_loses_its_lock_on_the_postgres_server() {
+    let pg = PrivatePg::start(&[]);
+    frozen_holder(&pg.url(), "fleet-frozen-pg");
+}
+
+#[test]
+fn a_frozen_holder_loses_its_lock_on_the_mariadb_server() {
+    let my = PrivateMariaDb::start(&[]);
+    frozen_holder(&my.url(), "fleet-frozen-my");
+}

@@ -1,0 +1,111 @@
+//! Asking the server to notice a client that vanished, so that it frees
+//! the client's locks within a bound instead of after hours.
+//!
+//! A holder behind a silent partition (packets dropped, no RST), on a host
+//! that froze, or killed without a FIN keeps its locks on the server until
+//! the server notices: by default after the kernel's TCP keepalive, 7,200 s
+//! idle. So every session that holds or waits for locks on a direct
+//! connection sets, for itself (all are user-settable), with the locker's
+//! [`dead_peer_timeout`](crate::LockerBuilder::dead_peer_timeout) `T`:
+//!
+//! - `tcp_keepalives_idle = T/2`, `tcp_keepalives_interval = T/6`,
+//!   `tcp_keepalives_count = 3`: an idle peer that stops answering is dead
+//!   after about `T`;
+//! - `tcp_user_timeout = T` (PostgreSQL ≥ 12): data the server sent that
+//!   stays unacknowledged for `T` ends the session;
+//! - `idle_session_timeout = T` (PostgreSQL ≥ 14): a session idle outside a
+//!   transaction for `T` ends — the one check that also catches a frozen
+//!   process whose kernel still answers TCP. The keepalive probe of every
+//!   connection holding a lock (`heartbeat.rs`) keeps a live holder busy;
+//! - `client_connection_check_interval` (PostgreSQL ≥ 14): a waiter blocked
+//!   in the server whose client is gone leaves the queue.
+//!
+//! The holder learns of a loss from its probe within `keepalive +
+//! max(keepalive, 500 ms)` (2 s by default), before the server frees the
+//! lock (`T`, at least twice that: 10 s by default). A frozen holder cannot
+//! be told: that is what fencing tokens are for.
+//!
+//! Only on a connection that reaches the server directly (`direct.rs`):
+//! behind a pooler the server's peer is the pooler, and these settings on a
+//! server session it shares would end other clients' sessions.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::session::PgConn;
+
+/// The statement that sets the server's side of liveness for bound `t`.
+pub(crate) fn watch_sql(t: Duration) -> String {
+    let secs = t.as_secs().max(2);
+    let ms = t.as_millis().max(2_000);
+    let check_ms = (ms / 4).clamp(100, 1_000);
+    format!(
+        "SELECT set_config('tcp_keepalives_idle', '{idle}', false), \
+         set_config('tcp_keepalives_interval', '{interval}', false), \
+         set_config('tcp_keepalives_count', '3', false), \
+         CASE WHEN current_setting('server_version_num')::int >= 120000 \
+         THEN set_config('tcp_user_timeout', '{ms}', false) END, \
+         CASE WHEN current_setting('server_version_num')::int >= 140000 \
+         THEN set_config('idle_session_timeout', '{ms}', false) \
+         || set_config('client_connection_check_interval', '{check_ms}', false) END",
+        idle = (secs / 2).max(1),
+        interval = (secs / 6).max(1),
+    )
+}
+
+impl PgConn {
+    /// Sends [`watch_sql`] once per connection, without waiting for the
+    /// answer: it goes out ahead of whatever this connection sends next
+    /// (one flight, no extra wait).
+    pub(super) fn ask_server_to_watch(self: &Arc<Self>) {
+        if self.watched.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let me = self.clone();
+        let sql = watch_sql(self.dead_peer);
+        let mut send = Box::pin(async move {
+            if let Err(e) = me.client.simple_query(&sql).await {
+                tracing::debug!(error = %e, "dbmutex: could not set the server's dead-peer timeouts");
+            }
+        });
+        // The first poll queues the statement on the connection (ahead of
+        // the next one); the answer is awaited in the background.
+        let waker = std::task::Waker::noop();
+        if send
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_pending()
+        {
+            drop(self.runtime.spawn(send));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_bound_is_ten_seconds_split_as_documented() {
+        let sql = watch_sql(Duration::from_secs(10));
+        for part in [
+            "'tcp_keepalives_idle', '5'",
+            "'tcp_keepalives_interval', '1'",
+            "'tcp_keepalives_count', '3'",
+            "'tcp_user_timeout', '10000'",
+            "'idle_session_timeout', '10000'",
+            "'client_connection_check_interval', '1000'",
+        ] {
+            assert!(sql.contains(part), "{part} in {sql}");
+        }
+    }
+
+    #[test]
+    fn tiny_bounds_stay_valid() {
+        let sql = watch_sql(Duration::from_millis(1));
+        assert!(sql.contains("'tcp_keepalives_idle', '1'"), "{sql}");
+        assert!(sql.contains("'tcp_user_timeout', '2000'"), "{sql}");
+        assert!(sql.contains("'client_connection_check_interval', '500'"), "{sql}");
+    }
+}

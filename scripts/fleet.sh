@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The fleet benchmark (BENCHMARKS.md, "Fleets"): N separate processes locking
+# in a loop on 1 name and on N names, dbmutex with its defaults beside the raw
+# floor (the same N processes, `pg_advisory_lock` + `pg_advisory_unlock` on one
+# connection each) in the same run, on a private PostgreSQL this script starts
+# (initdb into a temp dir, a free 127.0.0.1 port; removed on exit), so the
+# server's CPU per acquisition is the fleet's alone.
+#
+#   scripts/fleet.sh                   # N = 2, 50, 200; 5 s per side
+#   PROCS="50" DURATION=3 scripts/fleet.sh
+#   LOAD=1 scripts/fleet.sh            # with a busy loop beside it
+#
+# Environment: PROCS (list of N), DURATION (seconds per side), LOAD (busy
+# loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
+# fit the largest N plus room: every process of both sides holds one
+# connection), OUT (directory for the JSON lines).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROCS=${PROCS:-"2 50 200"}
+DURATION=${DURATION:-5}
+LOAD=${LOAD:-0}
+OUT=${OUT:-$(mktemp -d -t dbmutex-fleet.XXXXXX)}
+mkdir -p "$OUT"
+max_n=$(tr ' ' '\n' <<<"$PROCS" | sort -n | tail -n1)
+MAX_CONNECTIONS=${MAX_CONNECTIONS:-$(( max_n + 40 > 100 ? max_n + 40 : 100 ))}
+
+bindir=${DBMUTEX_PG_BINDIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
+[ -x "$bindir/initdb" ] || { echo "fleet.sh: no initdb (apt-get install postgresql)" >&2; exit 1; }
+
+hogs=()
+dir=$(mktemp -d -t dbmutex-private-pg-fleet.XXXXXX)
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+    [ "${#hogs[@]}" -eq 0 ] || kill "${hogs[@]}" 2>/dev/null || true
+    as_pg "$bindir/pg_ctl" -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+[ "$(id -u)" != 0 ] || chown postgres "$dir"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+as_pg "$bindir/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
+cat >>"$dir/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = $MAX_CONNECTIONS
+fsync = off
+full_page_writes = off
+EOF
+as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
+URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+
+cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
+BENCH="${CARGO_TARGET_DIR:-target}/release/dbmutex-bench"
+
+for _ in $(seq "$LOAD"); do
+    sh -c 'while :; do :; done' &
+    hogs+=("$!")
+done
+
+echo "== fleet: $(nproc) cores; private PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), max_connections $MAX_CONNECTIONS; busy loops beside: $LOAD; ${DURATION} s per side"
+printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' N names side "acq/s" "p99 ms" conns "cpu ms/acq" ratio "cpu x"
+for n in $PROCS; do
+    for names in 1 "$n"; do
+        "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
+            --duration "$DURATION" --json | tee -a "$OUT/fleet.jsonl" |
+            jq -r '[.clients, .names, .side, (.ops_per_s | round), ((.p99_us // 0) / 1000 | . * 10 | round / 10),
+                     (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-")]
+                    | @tsv' |
+            while IFS=$'\t' read -r c k s o p cn cpu r cx; do
+                printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx"
+            done
+        [ "$names" != "$n" ] || break
+    done
+done
+echo "== JSON lines in $OUT/fleet.jsonl"
