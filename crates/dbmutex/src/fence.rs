@@ -26,9 +26,10 @@
 //!
 //! # Where tokens come from
 //!
-//! - **PostgreSQL**: the table [`POSTGRES_TABLE`] creates, in the
-//!   connection's current schema (the first existing one of its
-//!   `search_path`, `public` by default), one row per key
+//! - **PostgreSQL**: the table [`POSTGRES_TABLE`] creates,
+//!   `public.dbmutex_fence` — always in the schema `public`, whatever a
+//!   client's `search_path` (so two clients with different paths share one
+//!   sequence per key and database) — one row per key
 //!   ([`Locker::key_of`](crate::Locker::key_of)'s text, prefix included).
 //!   The token is issued by one autocommit statement
 //!   (`INSERT … ON CONFLICT … DO UPDATE SET token = … RETURNING`: see
@@ -57,7 +58,7 @@
 //! grants (PostgreSQL, MySQL):
 //!
 //! ```sql
-//! GRANT SELECT, INSERT, UPDATE ON dbmutex_fence TO app_role;
+//! GRANT SELECT, INSERT, UPDATE ON public.dbmutex_fence TO app_role;
 //! GRANT SELECT, INSERT, UPDATE ON mydb.dbmutex_fence TO 'app'@'%';
 //! ```
 //!
@@ -103,6 +104,13 @@
 //!   acknowledged `AFTER_SYNC`, and the old primary fenced off first).
 //! - **local**: one host, no failover.
 //!
+//! A database whose `public` schema was dropped needs it back (`CREATE
+//! SCHEMA public`) for fencing. Earlier versions created the table in
+//! the first schema of the `search_path`; the library refuses to create
+//! `public.dbmutex_fence` while such a table is on the path, and says how
+//! to move it (`ALTER TABLE s.dbmutex_fence SET SCHEMA public`), so that
+//! tokens go on from the last ones.
+//!
 //! Tokens are as durable as the server's commits: with PostgreSQL
 //! `synchronous_commit = off`, or MySQL `innodb_flush_log_at_trx_commit`
 //! other than 1, a server crash may forget the last tokens issued, and
@@ -113,7 +121,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The table that issues PostgreSQL fencing tokens (what `dbmutex init`
 /// runs).
 pub const POSTGRES_TABLE: &str =
-    "CREATE TABLE IF NOT EXISTS dbmutex_fence (lock_key text PRIMARY KEY, token bigint NOT NULL)";
+    "CREATE TABLE IF NOT EXISTS public.dbmutex_fence (lock_key text PRIMARY KEY, token bigint NOT NULL)";
 
 /// The table that issues MySQL / MariaDB fencing tokens (what `dbmutex
 /// init` runs). The key is binary: MariaDB's lock strings are

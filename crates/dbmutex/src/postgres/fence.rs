@@ -32,7 +32,7 @@ use crate::{Error, LockName, Result};
 /// shared lock session, whose keepalive probe would otherwise end it, and
 /// every lock on it. `lock_timeout` is set for this statement's implicit
 /// transaction, in its `WHERE`, which runs before the row is locked.
-const ISSUE: &str = "INSERT INTO dbmutex_fence AS f (lock_key, token) \
+const ISSUE: &str = "INSERT INTO public.dbmutex_fence AS f (lock_key, token) \
      SELECT $1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1 \
      WHERE current_setting('dbmutex.owner', true) = $2 \
      AND set_config('lock_timeout', '250ms', true) IS NOT NULL \
@@ -134,7 +134,28 @@ pub(super) fn failed(
 /// `CREATE TABLE IF NOT EXISTS`, which two sessions racing may both run:
 /// the loser fails on the catalog's unique index (23505) or finds the
 /// table (42P07); either way the table is there.
+///
+/// Refused while a `dbmutex_fence` outside `public` is on the
+/// `search_path`: earlier versions issued tokens there, and a new table
+/// would start them again at 1, below what resources have accepted.
 pub(crate) async fn create(conn: &PgConn) -> Result<()> {
+    let elsewhere = conn
+        .client
+        .query_typed(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid = to_regclass('dbmutex_fence') AND to_regclass('public.dbmutex_fence') IS NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::Database(Box::new(e)))?;
+    if let Some(table) = elsewhere.first().map(|r| r.get::<_, String>(0)) {
+        return Err(Error::Config(format!(
+            "fencing tokens live in public.dbmutex_fence, whatever the search_path; this \
+             database has {table} (used before by its search_path): move it, so that tokens go \
+             on from its last ones (ALTER TABLE {table} SET SCHEMA public)"
+        )));
+    }
     create_table(conn, POSTGRES_TABLE, no_table_help).await
 }
 
