@@ -172,11 +172,7 @@ impl PgBackend {
             session.close();
             backend.side.set(other);
         } else {
-            // Issue #23: a session pool that keeps a closed client's locks
-            // is refused (see pooler.rs); this closes `other`.
-            if !settings.skip_pooler_check {
-                pooler::check_release_on_close(&session, &other).await?;
-            }
+            pooler::check_release_on_close(&session, &other, settings).await?;
             prepare_session(&session, settings, true).await?;
             backend.session.set(session);
             // One connection at steady state: the check's second one goes.

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::Type;
 
 use super::{first_text, PgConn};
+use crate::settings::Settings;
 use crate::{Error, Result};
 
 /// The message of the [`Error::Unsupported`] a session lock gets behind a
@@ -155,9 +156,18 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
 
 /// Fails with [`RESET_KEEPS_LOCKS`] when the server session of a client
 /// that closed its connection keeps that client's advisory locks (see the
-/// module docs). `other`, a second connection of ours with no lock, is
-/// closed; `session` only reads `pg_locks`.
-pub(crate) async fn check_release_on_close(session: &PgConn, other: &PgConn) -> Result<()> {
+/// module docs), unless `settings` skip the pooler checks. `other`, a
+/// second connection of ours with no lock, is closed; `session` only reads
+/// `pg_locks`.
+pub(crate) async fn check_release_on_close(
+    session: &PgConn,
+    other: &PgConn,
+    settings: &Settings,
+) -> Result<()> {
+    if settings.skip_pooler_check {
+        other.close();
+        return Ok(());
+    }
     let key = fastrand::i64(0..);
     let probe = other
         .client
