@@ -184,25 +184,21 @@ async fn mysql_zombie_write_is_refused() {
         .unwrap();
 }
 
-/// A PostgreSQL locker whose `search_path` starts with a fresh schema.
-async fn pg_in_schema(schema: &str) -> Locker {
-    let sep = if pg_url().contains('?') { '&' } else { '?' };
-    let url = format!("{}{sep}options=-csearch_path%3D{schema}", pg_url());
+/// A PostgreSQL locker on `base` whose `search_path` starts with `schema`.
+async fn pg_in_schema(base: &str, schema: &str) -> Locker {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
     Backend::Postgres.connect(Locker::builder(&url)).await
 }
 
 /// The table appears on first use, also when many lockers race to create
-/// it (in a schema of their own, so the shared one is left alone).
+/// it (on a private server, which has no table yet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_creates_the_table_on_first_use_under_a_race() {
-    let schema = resource_table();
-    let raw = pg_raw().await;
-    raw.batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
+    let pg = common::PrivatePg::start(&[]);
     let mut lockers = Vec::new();
     for _ in 0..6 {
-        lockers.push(pg_in_schema(&schema).await);
+        lockers.push(Backend::Postgres.connect(Locker::builder(&pg.url())).await);
     }
     let name = unique("fence-race");
     let mut tasks = tokio::task::JoinSet::new();
@@ -212,39 +208,108 @@ async fn postgres_creates_the_table_on_first_use_under_a_race() {
     }
     let tokens = tasks.join_all().await;
     assert_eq!(tokens, vec![1; 6], "each name's first token is 1");
-    let rows = raw
-        .query_one(&format!("SELECT count(*) FROM {schema}.dbmutex_fence"), &[])
+    let rows = pg
+        .raw()
+        .await
+        .query_one("SELECT count(*) FROM public.dbmutex_fence", &[])
         .await
         .unwrap();
     assert_eq!(rows.get::<_, i64>(0), 6);
+}
+
+/// One token sequence per key and database whatever the `search_path`
+/// (issue #23, item 5): a locker whose path starts with a schema that has
+/// a `dbmutex_fence` of its own, and one with the default path, take turns
+/// on one name; the tokens they see grow as one sequence, all from
+/// `public.dbmutex_fence` (before, the first saw 1 2 3, the other 1).
+#[tokio::test]
+async fn postgres_tokens_are_one_sequence_whatever_the_search_path() {
+    let schema = resource_table();
+    let raw = pg_raw().await;
+    raw.batch_execute(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.dbmutex_fence (lock_key text PRIMARY KEY, token bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let (pathed, plain) = (
+        pg_in_schema(&pg_url(), &schema).await,
+        Backend::Postgres.locker().await,
+    );
+    let name = unique("fence-path");
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let l = if i % 3 == 0 { &plain } else { &pathed };
+        let (g, t) = fence_of(l, &name).await;
+        seen.push(t);
+        g.release().await.unwrap();
+    }
+    println!("tokens, alternating search paths: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[1] == w[0] + 1),
+        "one sequence: {seen:?}"
+    );
+    let own = raw
+        .query_one(&format!("SELECT count(*) FROM {schema}.dbmutex_fence"), &[])
+        .await
+        .unwrap();
+    assert_eq!(own.get::<_, i64>(0), 0, "the schema's own table is left alone");
     raw.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
 }
 
-/// A token that cannot be issued fails the acquisition and leaves the lock
-/// free (PostgreSQL: a `dbmutex_fence` of the wrong shape first in the
-/// `search_path`).
-#[tokio::test]
-async fn postgres_failed_fence_leaves_nothing_held() {
-    let schema = resource_table();
-    let raw = pg_raw().await;
-    raw.batch_execute(&format!(
-        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.dbmutex_fence (lock_key text PRIMARY KEY, token text)"
-    ))
+/// A database whose tokens an earlier version issued from a
+/// `dbmutex_fence` outside `public` (found through the `search_path`):
+/// the library does not start a new sequence in `public` below them; it
+/// says how to move the table, and once moved, tokens go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_table_outside_public_is_moved_not_forgotten() {
+    let pg = common::PrivatePg::start(&[]);
+    let raw = pg.raw().await;
+    raw.batch_execute(
+        "CREATE SCHEMA app; CREATE TABLE app.dbmutex_fence (lock_key text PRIMARY KEY, token bigint NOT NULL)",
+    )
     .await
     .unwrap();
-    let l = pg_in_schema(&schema).await;
+    let l = pg_in_schema(&pg.url(), "app").await;
+    let name = unique("fence-moved");
+    let key = l.key_of(name.as_str()).unwrap().to_string();
+    raw.execute("INSERT INTO app.dbmutex_fence VALUES ($1, 41)", &[&key])
+        .await
+        .unwrap();
+    let err = l.acquire(name.as_str(), &fenced()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("ALTER TABLE app.dbmutex_fence SET SCHEMA public")),
+        "{err:?}"
+    );
+    assert!(common::free_for(&l, &name).await, "nothing held");
+    raw.batch_execute("ALTER TABLE app.dbmutex_fence SET SCHEMA public")
+        .await
+        .unwrap();
+    let (g, t) = fence_of(&l, &name).await;
+    assert_eq!(t, 42, "tokens go on from the moved table's");
+    g.release().await.unwrap();
+}
+
+/// A token that cannot be issued fails the acquisition and leaves the lock
+/// free (PostgreSQL: a `public.dbmutex_fence` of the wrong shape, on a
+/// private server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_failed_fence_leaves_nothing_held() {
+    let pg = common::PrivatePg::start(&[]);
+    pg.raw()
+        .await
+        .batch_execute("CREATE TABLE public.dbmutex_fence (lock_key text PRIMARY KEY, token text)")
+        .await
+        .unwrap();
+    let l = Backend::Postgres.connect(Locker::builder(&pg.url())).await;
     let name = unique("fence-fail");
     let err = l.acquire(name.as_str(), &fenced()).await.unwrap_err();
     assert!(matches!(err, Error::Database(_)), "{err:?}");
     assert_eq!(l.held_count(), 0);
-    let other = Backend::Postgres.locker().await;
+    let other = Backend::Postgres.connect(Locker::builder(&pg.url())).await;
     assert!(common::free_for(&other, &name).await, "the lock was released");
     assert!(common::free_for(&l, &name).await, "and its in-process hold");
-    raw.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
 }
 
 /// The same on the local backend: a fence file that holds no token.
@@ -340,23 +405,28 @@ async fn cancelled_fenced_acquires_leave_nothing_held() {
     }
 }
 
-/// Least privilege on PostgreSQL: a role that may not create the table is
-/// told to run `dbmutex init` (and left holding nothing); once a role that
-/// may has created it (`Locker::create_tables`, what `dbmutex init`
-/// runs) and granted SELECT, INSERT, UPDATE as documented, it gets tokens.
-#[tokio::test]
+/// Least privilege on PostgreSQL (a private server, which has no table
+/// yet): a role that may not create the table is told to run `dbmutex
+/// init` (and left holding nothing); once a role that may has created it
+/// (`Locker::create_tables`, what `dbmutex init` runs) and granted SELECT,
+/// INSERT, UPDATE as documented, it gets tokens (the timeline it reads
+/// needs no privilege).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
-    let sandbox = common::PgSandbox::new("fence_priv").await;
-    let app = sandbox.locker_as(&sandbox.role).await;
+    let pg = common::PrivatePg::start(&[]);
+    let raw = pg.raw().await;
+    raw.batch_execute("CREATE ROLE app LOGIN").await.unwrap();
+    let app = Backend::Postgres
+        .connect(Locker::builder(&pg.url().replace("postgres@", "app@")))
+        .await;
     let name = unique("fence-priv");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
     assert!(
         matches!(&err, Error::Config(m) if m.contains("cannot create") && m.contains("dbmutex init")),
         "{err:?}"
     );
-    assert!(common::free_for(&Backend::Postgres.locker().await, &name).await);
-
-    let admin = sandbox.locker_as("postgres").await;
+    let admin = Backend::Postgres.connect(Locker::builder(&pg.url())).await;
+    assert!(common::free_for(&admin, &name).await);
     admin.create_tables().await.unwrap();
     admin.create_tables().await.expect("again: already there is fine");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
@@ -364,12 +434,12 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
         matches!(&err, Error::Config(m) if m.contains("write")),
         "without grants: {err:?}"
     );
-    sandbox.grant("dbmutex_fence").await;
+    raw.batch_execute("GRANT SELECT, INSERT, UPDATE ON public.dbmutex_fence TO app")
+        .await
+        .unwrap();
     let (g, t) = fence_of(&app, &name).await;
     assert_eq!(t, 1);
     g.release().await.unwrap();
-    drop((app, admin));
-    sandbox.remove().await;
 }
 
 /// The same on MySQL/MariaDB, with a user that has only the documented

@@ -13,133 +13,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::pgbouncer::PgBouncer;
 use common::{pg_raw, unique};
 use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
-
-/// A pgbouncer process of this test; killed on drop.
-struct PgBouncer {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl PgBouncer {
-    /// Starts pgbouncer with `pool_mode` and two server sessions per pool,
-    /// and waits until it answers. Panics (with its log) when it cannot.
-    async fn start(pool_mode: &str) -> PgBouncer {
-        Self::start_with(pool_mode, 2, false).await
-    }
-
-    /// Starts pgbouncer with `pool_mode`, `pool` server sessions per pool
-    /// and, with `round_robin`, `server_round_robin = 1` (else PgBouncer
-    /// reuses the most recently released server session first).
-    async fn start_with(pool_mode: &str, pool: usize, round_robin: bool) -> PgBouncer {
-        let dir = std::env::temp_dir().join(unique("pgbouncer"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let users = dir.join("users.txt");
-        std::fs::write(&users, "\"postgres\" \"\"\n").unwrap();
-        let ini = dir.join("pgbouncer.ini");
-        std::fs::write(
-            &ini,
-            format!(
-                "[databases]\n\
-                 test = host=127.0.0.1 port=5432 dbname=test\n\
-                 [pgbouncer]\n\
-                 listen_addr = 127.0.0.1\n\
-                 listen_port = {port}\n\
-                 unix_socket_dir =\n\
-                 auth_type = trust\n\
-                 auth_file = {}\n\
-                 pool_mode = {pool_mode}\n\
-                 default_pool_size = {pool}\n\
-                 server_round_robin = {rr}\n\
-                 max_client_conn = 200\n\
-                 ignore_startup_parameters = extra_float_digits,options\n",
-                users.display(),
-                rr = u8::from(round_robin),
-            ),
-        )
-        .unwrap();
-        // pgbouncer refuses to run as root; it can drop to another user.
-        let world_readable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-        std::fs::set_permissions(&dir, world_readable).unwrap();
-        let log = std::fs::File::create(dir.join("pgbouncer.log")).unwrap();
-        let mut cmd = Command::new(std::env::var("DBMUTEX_PGBOUNCER").unwrap_or_else(|_| "pgbouncer".into()));
-        if is_root() {
-            cmd.args(["-u", "postgres"]);
-        }
-        let child = match cmd
-            .arg(&ini)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => panic!("cannot start pgbouncer (install the Debian package `pgbouncer`): {e}"),
-        };
-        let bouncer = PgBouncer { child, dir, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
-                .await
-                .is_ok()
-            {
-                return bouncer;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pgbouncer did not answer on port {port} within 10 s; its log:\n{}",
-                bouncer.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/test?sslmode=disable", self.port)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
-    }
-
-    /// A raw client through the pooler (no dbmutex logic).
-    async fn raw(&self) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("connect through pgbouncer: {e}\n{}", self.log()));
-        tokio::spawn(conn);
-        client
-    }
-}
-
-impl Drop for PgBouncer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
 
 /// The one value of a one-row, one-column simple query.
 async fn one(c: &tokio_postgres::Client, sql: &str) -> String {

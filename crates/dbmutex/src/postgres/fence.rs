@@ -18,16 +18,25 @@ use crate::{Error, LockName, Result};
 /// session this connection claimed (`$2`), where the lock is held. No row:
 /// a pooler moved us.
 ///
+/// The token is the row's last one plus one, but at least `(timeline - 1)
+/// << 40 | 1` (see [`crate::fence`]): on timeline 1 the plain counter of
+/// earlier versions, and after a promotion above every token any earlier
+/// timeline issued, whatever rows the new primary missed. The timeline is
+/// the current WAL file's (its name's first 8 hex digits): right after
+/// `pg_ctl promote`, `pg_control_checkpoint()` still says the old one
+/// until the next checkpoint.
+///
 /// Only a holder of the lock updates its row, so the row lock is free but
 /// for someone else's transaction on the table (an operator's): then the
 /// statement gives up after 250 ms (55P03) rather than stall the
 /// shared lock session, whose keepalive probe would otherwise end it, and
 /// every lock on it. `lock_timeout` is set for this statement's implicit
 /// transaction, in its `WHERE`, which runs before the row is locked.
-const ISSUE: &str = "INSERT INTO dbmutex_fence AS f (lock_key, token) \
-     SELECT $1, 1 WHERE current_setting('dbmutex.owner', true) = $2 \
+const ISSUE: &str = "INSERT INTO public.dbmutex_fence AS f (lock_key, token) \
+     SELECT $1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1 \
+     WHERE current_setting('dbmutex.owner', true) = $2 \
      AND set_config('lock_timeout', '250ms', true) IS NOT NULL \
-     ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1 RETURNING f.token";
+     ON CONFLICT (lock_key) DO UPDATE SET token = GREATEST(f.token + 1, EXCLUDED.token) RETURNING f.token";
 
 /// The longest wait for the row (in [`ISSUE`]): under the keepalive probe's
 /// shortest answer bound (500 ms).
@@ -125,7 +134,28 @@ pub(super) fn failed(
 /// `CREATE TABLE IF NOT EXISTS`, which two sessions racing may both run:
 /// the loser fails on the catalog's unique index (23505) or finds the
 /// table (42P07); either way the table is there.
+///
+/// Refused while a `dbmutex_fence` outside `public` is on the
+/// `search_path`: earlier versions issued tokens there, and a new table
+/// would start them again at 1, below what resources have accepted.
 pub(crate) async fn create(conn: &PgConn) -> Result<()> {
+    let elsewhere = conn
+        .client
+        .query_typed(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.oid = to_regclass('dbmutex_fence') AND to_regclass('public.dbmutex_fence') IS NULL",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::Database(Box::new(e)))?;
+    if let Some(table) = elsewhere.first().map(|r| r.get::<_, String>(0)) {
+        return Err(Error::Config(format!(
+            "fencing tokens live in public.dbmutex_fence, whatever the search_path; this \
+             database has {table} (used before by its search_path): move it, so that tokens go \
+             on from its last ones (ALTER TABLE {table} SET SCHEMA public)"
+        )));
+    }
     create_table(conn, POSTGRES_TABLE, no_table_help).await
 }
 

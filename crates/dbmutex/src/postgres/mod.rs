@@ -170,6 +170,12 @@ impl PgBackend {
                 backend.side.set(other);
             }
         } else {
+            // A session pooler that keeps a leaver's locks is refused
+            // (`pooler::check_release_on_close`); a direct connection has
+            // none in between.
+            if let Some(other) = &other {
+                pooler::check_release_on_close(&session, other, settings).await?;
+            }
             prepare_session(&session, settings);
             backend.session.set(session);
             // One connection at steady state: the check's second one goes.

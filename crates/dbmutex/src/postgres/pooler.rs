@@ -46,9 +46,12 @@
 //! `BEGIN` of step 2, and the connect fails naming it. What slips past this
 //! check is caught by the claims above.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::types::Type;
 
 use super::{first_text, PgConn};
+use crate::settings::Settings;
 use crate::{Error, Result};
 
 /// The message of the [`Error::Unsupported`] a session lock gets behind a
@@ -69,6 +72,25 @@ pub(crate) const STATEMENT_POOLING: &str =
      neither session nor transaction advisory locks can exclude anyone through it. Connect to \
      PostgreSQL directly, or through a pool with pool_mode=session (session locks) or \
      pool_mode=transaction (LockOptions::transaction(true))";
+
+/// The message of the [`Error::Unsupported`] a connection through a pool
+/// that keeps a closed client's advisory locks gets.
+pub(crate) const RESET_KEEPS_LOCKS: &str =
+    "this connection goes through a session pool that hands a server session to the next client \
+     with the advisory locks of the client that left it (PgBouncer pool_mode=session with a \
+     server_reset_query other than DISCARD ALL, e.g. RESET ALL, DEALLOCATE ALL or empty): a \
+     holder that dies would leave its locks held for every later client. Set server_reset_query \
+     = DISCARD ALL (PgBouncer's default), or connect to PostgreSQL directly";
+
+/// How long a closed connection's advisory lock may take to go before the
+/// path to the server is found to keep it. A direct backend frees it
+/// within milliseconds of the close, PgBouncer's `DISCARD ALL` as fast.
+pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
+
+/// Whether the closed connection's probe lock is still held by its
+/// server session (`$1` its pid, `$2` the key, a non-negative bigint).
+const PROBE_HELD: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+     AND pid = $1 AND classid = ($2 >> 32)::oid AND objid = ($2 & 4294967295)::oid AND objsubid = 1)";
 
 async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
     let msgs = conn.client.simple_query(sql).await.map_err(|e| {
@@ -130,4 +152,64 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
         }
     }
     Ok(false)
+}
+
+/// Fails with [`RESET_KEEPS_LOCKS`] when the server session of a client
+/// that closed its connection keeps that client's advisory locks (see the
+/// module docs), unless `settings` skip the pooler checks. `other`, a
+/// second connection of ours with no lock, is closed; `session` only reads
+/// `pg_locks`.
+pub(crate) async fn check_release_on_close(
+    session: &PgConn,
+    other: &PgConn,
+    settings: &Settings,
+) -> Result<()> {
+    if settings.skip_pooler_check {
+        other.close();
+        return Ok(());
+    }
+    let key = fastrand::i64(0..);
+    let probe = other
+        .client
+        .query_typed(
+            "SELECT pg_backend_pid(), pg_try_advisory_lock($1)",
+            &[(&key, Type::INT8)],
+        )
+        .await;
+    other.close();
+    let row = probe.map_err(|e| Error::Connect(Box::new(e)))?;
+    let Some(row) = row.first() else {
+        return Err(Error::Connect("pg_backend_pid() returned no row".into()));
+    };
+    let (pid, locked): (i32, bool) = (row.get(0), row.get(1));
+    if !locked {
+        // Someone holds this random key: nothing to watch (odds 2^-63).
+        return Ok(());
+    }
+    let deadline = Instant::now() + RELEASE_BOUND;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let held: bool = session
+            .client
+            .query_typed(PROBE_HELD, &[(&pid, Type::INT4), (&key, Type::INT8)])
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?
+            .first()
+            .is_some_and(|r| r.get(0));
+        if !held {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    // Leave no probe lock on the pooled server session (same role: no
+    // privilege needed; if it fails, the pool's next reconnect frees it).
+    let _ = session
+        .client
+        .query_typed("SELECT pg_terminate_backend($1)", &[(&pid, Type::INT4)])
+        .await;
+    Err(Error::Unsupported(RESET_KEEPS_LOCKS.into()))
 }

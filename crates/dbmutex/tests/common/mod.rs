@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod hostile;
+pub mod pgbouncer;
 pub mod private;
 pub mod private_mariadb;
 pub mod private_pg;

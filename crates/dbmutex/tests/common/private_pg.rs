@@ -31,6 +31,10 @@
 //! an `atexit` hook for shared ones, and a watchdog plus a sweep of stale
 //! directories for a test process that was killed (see `private.rs`).
 //!
+//! `pg.start_standby()` makes a streaming standby of a server started with
+//! `PRIMARY` among its settings (`pg_basebackup -R`), for failover tests:
+//! `promote()` it, `shut_down()` the primary.
+//!
 //! `PrivatePg::start_tls(settings)` also turns TLS on (`ssl = on`, a
 //! self-signed certificate for 127.0.0.1 made with `openssl`), for tests of
 //! `sslmode`: the shared server need not offer TLS.
@@ -41,6 +45,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
 use super::private::{atexit, free_port, is_root, run, user_ids, Instance};
+
+/// The settings of a primary that [`PrivatePg::start_standby`] can copy.
+pub const PRIMARY: &[(&str, &str)] = &[("wal_level", "replica"), ("max_wal_senders", "4")];
 
 /// The prefix of every private instance's directory under `$TMPDIR`
 /// (`scripts/chaos.sh` uses it too, so the sweep covers its servers).
@@ -177,51 +184,7 @@ impl PrivatePg {
                 key.display()
             );
         }
-        // A free port can be taken by someone else before the server binds
-        // it: try a few.
-        let conf = std::fs::read_to_string(pg.data().join("postgresql.conf")).unwrap();
-        for attempt in 1..=5 {
-            pg.port = free_port();
-            let mut text = conf.clone();
-            text.push_str(&format!(
-                "\n# dbmutex private test server\n\
-                 listen_addresses = '127.0.0.1'\n\
-                 port = {}\n\
-                 unix_socket_directories = '{}'\n\
-                 fsync = off\n\
-                 synchronous_commit = off\n\
-                 full_page_writes = off\n\
-                 shared_buffers = 16MB\n\
-                 max_wal_senders = 0\n\
-                 wal_level = minimal\n\
-                 logging_collector = off\n\
-                 {extra}",
-                pg.port,
-                pg.dir().display()
-            ));
-            for (k, v) in &pg.settings {
-                text.push_str(&format!("{k} = {v}\n"));
-            }
-            std::fs::write(pg.data().join("postgresql.conf"), text).unwrap();
-            let out = pg
-                .pg_ctl()
-                .args(["-w", "-t", "120", "start"])
-                .stdin(Stdio::null())
-                .output()
-                .expect("run pg_ctl start");
-            if out.status.success() {
-                break;
-            }
-            let log = pg.log();
-            let port_taken = log.contains("could not bind") || log.contains("Address already in use");
-            assert!(
-                port_taken && attempt < 5,
-                "private PostgreSQL did not start ({}): {}{}\nserver log:\n{log}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-            );
-        }
+        pg.start_on_a_free_port(&extra);
         let mut create = Command::new(pg.bindir.join("psql"));
         create
             .args([
@@ -242,6 +205,110 @@ impl PrivatePg {
             .env("PGSSLMODE", "disable");
         run(create, "CREATE DATABASE test", || pg.log());
         pg
+    }
+
+    /// Appends the harness's settings (a free port, then the caller's) to
+    /// the data directory's `postgresql.conf` and starts the server. A free
+    /// port can be taken by someone else before the server binds it: tries a
+    /// few.
+    fn start_on_a_free_port(&mut self, extra: &str) {
+        let conf = std::fs::read_to_string(self.data().join("postgresql.conf")).unwrap();
+        for attempt in 1..=5 {
+            self.port = free_port();
+            let mut text = conf.clone();
+            text.push_str(&format!(
+                "\n# dbmutex private test server\n\
+                     listen_addresses = '127.0.0.1'\n\
+                     port = {}\n\
+                     unix_socket_directories = '{}'\n\
+                     fsync = off\n\
+                     synchronous_commit = off\n\
+                     full_page_writes = off\n\
+                     shared_buffers = 16MB\n\
+                     max_wal_senders = 0\n\
+                     wal_level = minimal\n\
+                     logging_collector = off\n\
+                     {extra}",
+                self.port,
+                self.dir().display()
+            ));
+            for (k, v) in &self.settings {
+                text.push_str(&format!("{k} = {v}\n"));
+            }
+            std::fs::write(self.data().join("postgresql.conf"), text).unwrap();
+            let out = self
+                .pg_ctl()
+                .args(["-w", "-t", "120", "start"])
+                .stdin(Stdio::null())
+                .output()
+                .expect("run pg_ctl start");
+            if out.status.success() {
+                break;
+            }
+            let log = self.log();
+            let port_taken = log.contains("could not bind") || log.contains("Address already in use");
+            assert!(
+                port_taken && attempt < 5,
+                "private PostgreSQL did not start ({}): {}{}\nserver log:\n{log}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+        }
+    }
+
+    /// Starts a streaming standby of this server, which must have been
+    /// started with [`PRIMARY`] among its settings: `pg_basebackup -R -X
+    /// stream` (asynchronous replication, `primary_conninfo` in the copy's
+    /// `postgresql.auto.conf`) into a directory of its own, then a hot
+    /// standby on a free port, with this server's settings. Stopped (and
+    /// its directory removed) on drop, like any private server. Blocking.
+    pub fn start_standby(&self) -> PrivatePg {
+        let instance = Instance::create(DIR_PREFIX, stop_sh(&self.bindir), "postgres");
+        let mut standby = PrivatePg {
+            instance,
+            port: 0,
+            bindir: self.bindir.clone(),
+            settings: self.settings.clone(),
+            tls: self.tls,
+        };
+        let mut copy = pg_command(&self.bindir, "pg_basebackup");
+        copy.arg("-D")
+            .arg(standby.data())
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .env("PGSSLMODE", "disable");
+        run(copy, "pg_basebackup", || self.log());
+        standby.start_on_a_free_port("");
+        standby
+    }
+
+    /// Promotes this standby (`pg_ctl promote`, which waits until the
+    /// server leaves recovery). Blocking.
+    pub fn promote(&self) {
+        let mut c = self.pg_ctl();
+        c.args(["-w", "-t", "120", "promote"]);
+        run(c, "pg_ctl promote", || self.log());
+    }
+
+    /// Stops the server cleanly (`pg_ctl stop -m fast`), keeping its
+    /// directory (removed on drop). Blocking.
+    pub fn shut_down(&self) {
+        let mut c = self.pg_ctl();
+        c.args(["-m", "fast", "-w", "-t", "120", "stop"]);
+        run(c, "pg_ctl stop", || self.log());
     }
 
     /// A private server with `settings` shared by every caller in this test
