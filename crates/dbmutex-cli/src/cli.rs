@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
 
-use crate::seconds::{parse_seconds, parse_window};
+use crate::seconds::{parse_once_per, parse_seconds};
 
 const AFTER_HELP: &str = "\
 Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
@@ -239,12 +239,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub slots: Option<u32>,
 
-    /// Run at most once per DURATION (3600, 90s, 30m, 1h, 1d) across every
-    /// host: under the lock, if NAME last started less than DURATION ago by
-    /// the database server's clock, do not run the command and exit with
-    /// the conflict status (-E), saying when and where it last ran
-    #[arg(long, value_name = "DURATION", value_parser = parse_window, conflicts_with_all = ["shared", "transaction", "slots"])]
+    /// Run at most once per DURATION (3600, 90s, 30m, 1h, 1d; not 0) across
+    /// every host: under the lock, if NAME last started less than DURATION
+    /// minus a grace (half of DURATION, at most 1 min) ago by the database
+    /// server's clock, do not run the command and exit with the conflict
+    /// status (-E), saying when and where it last ran. The grace absorbs
+    /// cron's jitter and hosts' clock differences: --once-per equal to the
+    /// cron period runs once per tick
+    #[arg(long, value_name = "DURATION", value_parser = parse_once_per, conflicts_with_all = ["shared", "transaction", "slots"])]
     pub once_per: Option<Duration>,
+
+    /// With --once-per: run now whatever the last run (a failed one, say),
+    /// and count the window from this run
+    #[arg(long, requires = "once_per")]
+    pub reset_window: bool,
 
     /// Stop the command (as when the lock is lost) and exit 124 if it still
     /// holds the lock after SECONDS, so a hung job cannot hold it for ever

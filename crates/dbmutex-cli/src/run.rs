@@ -35,6 +35,8 @@ const CANCEL_GRACE: Duration = Duration::from_millis(50);
 
 pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     let program = program(&args)?;
+    // A command that cannot start takes no lock and records no run.
+    program.check()?;
     let lock = valid_name(&args.name, &args.int)?;
     let target = Target::choose(global)?;
     let mode = if args.shared {
@@ -114,7 +116,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     }
     let run = match args.once_per {
         None => None,
-        Some(window) => match once::start(&guard, window, &name, busy).await {
+        Some(window) => match once::start(&guard, window, args.reset_window, &name, busy).await {
             Ok(Some(run)) => Some(run),
             Ok(None) => {
                 let _ = release(guard).await;
@@ -172,6 +174,11 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         Ok(c) => c,
         Err(f) => {
             guardian.disarm();
+            // Found by the check, gone (or not executable) by now: the
+            // record says how this run ended.
+            if let Some(run) = &run {
+                once::finish(&guard, run, f.code, &name, say).await;
+            }
             let _ = release(guard).await;
             return Err(f);
         }

@@ -49,6 +49,15 @@ pub fn parse_window(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// A `--once-per` window: [`parse_window`], but not 0, which would mean
+/// "no limit" and is surely a mistake.
+pub fn parse_once_per(s: &str) -> Result<Duration, String> {
+    match parse_window(s)? {
+        Duration::ZERO => Err("a window of 0 limits nothing: leave --once-per out to run every time".into()),
+        d => Ok(d),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

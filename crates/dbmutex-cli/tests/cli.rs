@@ -66,7 +66,19 @@ impl Backend {
 
     /// `dbmutex ARGS` with this backend selected through the environment.
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
+        self.cmd_under(&[], args)
+    }
+
+    /// As [`Backend::cmd`], started by `wrapper` (e.g. `faketime -f +2s`).
+    fn cmd_under(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let mut c = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         c.args(args)
             .env_remove("DBMUTEX_DATABASE_URL")
             .env_remove("DATABASE_URL")
@@ -1721,7 +1733,32 @@ fn once_per_runs_once_per_tick(b: &Backend) {
         b.kind
     );
     let out = b.run(&["run", "--once-per", "0", &name, "--", "sh", "-c", "exit 5"]);
-    assert_eq!(code(&out), 5, "[{}] a window of 0 runs: {}", b.kind, stderr(&out));
+    assert_eq!(
+        code(&out),
+        64,
+        "[{}] a window of 0 is refused: {}",
+        b.kind,
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("limits nothing"), "{}", stderr(&out));
+    let out = b.run(&[
+        "run",
+        "--once-per",
+        "1h",
+        "--reset-window",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "exit 5",
+    ]);
+    assert_eq!(
+        code(&out),
+        5,
+        "[{}] --reset-window runs: {}",
+        b.kind,
+        stderr(&out)
+    );
     let out = b.run(&["status", "--json", &name]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -1736,6 +1773,145 @@ fn once_per_runs_once_per_tick(b: &Backend) {
         args.extend_from_slice(&[&name, "--", "true"]);
         assert_eq!(code(&b.run(&args)), 64, "[{}] {bad:?}", b.kind);
     }
+}
+
+/// Three processes play three hosts whose clocks differ by up to 4 s
+/// (`faketime` offsets of -2 s, 0 and +2 s) and whose cron fires every 2 s
+/// with up to 0.5 s of jitter each, all running the cron recipe with
+/// `--once-per` equal to the period: every tick runs the command exactly
+/// once (none skipped, none twice).
+fn once_per_is_once_per_cron_tick(b: &Backend) {
+    const TICKS: u32 = 15;
+    const PERIOD: Duration = Duration::from_secs(2);
+    let name = b.name("cron");
+    let ran = b.marker("cron-ran");
+    let mut seed = u64::from(std::process::id()) ^ u64::from(unique()) << 32 | 1;
+    eprintln!("[{}] jitter seed {seed}", b.kind);
+    let mut jitter = move || {
+        // xorshift: enough for jitter, and the seed is printed.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        Duration::from_millis(seed % 501)
+    };
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let mut fires: Vec<(Instant, &str, u32)> = Vec::new();
+    for tick in 0..TICKS {
+        for offset in ["-2s", "+0s", "+2s"] {
+            fires.push((t0 + PERIOD * tick + jitter(), offset, tick));
+        }
+    }
+    fires.sort_by_key(|f| f.0);
+    let mut procs = Vec::new();
+    for (at, offset, tick) in fires {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let script = format!("echo {tick} >> '{}'", ran.display());
+        let mut host = b.cmd_under(
+            &["faketime", "-f", offset],
+            &[
+                "run",
+                "-n",
+                "-E",
+                "0",
+                "--once-per",
+                "2s",
+                &name,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        host.stdout(Stdio::null()).stderr(Stdio::piped());
+        procs.push((
+            tick,
+            offset,
+            host.spawn().expect("start faketime (Debian package faketime)"),
+        ));
+    }
+    for (tick, offset, p) in procs {
+        let out = p.wait_with_output().unwrap();
+        assert_eq!(
+            code(&out),
+            0,
+            "[{}] tick {tick}, host {offset}: {}",
+            b.kind,
+            stderr(&out)
+        );
+    }
+    let text = std::fs::read_to_string(&ran).unwrap_or_default();
+    let mut ticks: Vec<u32> = text.lines().map(|l| l.parse().unwrap()).collect();
+    ticks.sort();
+    assert_eq!(
+        ticks,
+        (0..TICKS).collect::<Vec<_>>(),
+        "[{}] each tick must run once (runs listed by tick)",
+        b.kind
+    );
+}
+
+/// A command that cannot start takes no lock and records no run: the next
+/// host runs. A failed run is recorded with its status and fills its
+/// window; `--reset-window` runs it again at once.
+fn once_per_records_failures_truthfully(b: &Backend) {
+    let name = b.name("once-fail");
+    let once = |cmd: &[&str]| {
+        let mut args = vec!["run", "--once-per", "1h", &name, "--"];
+        args.extend_from_slice(cmd);
+        b.run(&args)
+    };
+    let out = once(&["/nonexistent/command"]);
+    assert_eq!(code(&out), 127, "[{}] {}", b.kind, stderr(&out));
+    let last = |b: &Backend| {
+        let out = b.run(&["status", "--json", &name]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["last_run"].clone()
+    };
+    assert!(
+        last(b).is_null(),
+        "[{}] a command never started is no run: {}",
+        b.kind,
+        last(b)
+    );
+    let out = once(&["sh", "-c", "exit 3"]);
+    assert_eq!(code(&out), 3, "[{}] {}", b.kind, stderr(&out));
+    let l = last(b);
+    assert_eq!(
+        (l["run"].as_u64(), l["exit_code"].as_i64()),
+        (Some(1), Some(3)),
+        "{l}"
+    );
+    assert!(l["finished_at"].is_string(), "{l}");
+    let out = b.run(&["status", &name]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("with exit status 3") && !text.contains("still running"),
+        "{text}"
+    );
+    let out = once(&["true"]);
+    assert_eq!(
+        code(&out),
+        75,
+        "[{}] a failed run fills its window: {}",
+        b.kind,
+        stderr(&out)
+    );
+    let out = b.run(&["run", "--reset-window", &name, "--", "true"]);
+    assert_eq!(
+        code(&out),
+        64,
+        "--reset-window needs --once-per: {}",
+        stderr(&out)
+    );
+    let out = b.run(&["run", "--once-per", "1h", "--reset-window", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    assert_eq!(last(b)["run"].as_u64(), Some(2));
+    assert_eq!(
+        code(&once(&["true"])),
+        75,
+        "[{}] the window counts from the reset",
+        b.kind
+    );
 }
 
 /// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
@@ -2300,6 +2476,8 @@ backend_tests! {
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
         once_per_runs_once_per_tick,
+        once_per_is_once_per_cron_tick,
+        once_per_records_failures_truthfully,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
