@@ -2243,6 +2243,58 @@ fn status_json_bad_url() {
     assert!(stderr(&out).starts_with("dbmutex: "), "{}", stderr(&out));
 }
 
+/// The binary where every user may run it: a copy in a world-readable
+/// directory (the build's may be in a 0700 checkout, e.g. under /root),
+/// removed on drop.
+struct WorldBin(PathBuf);
+
+impl WorldBin {
+    fn new() -> WorldBin {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from(format!(
+            "/tmp/dbmutex-cli-bin-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::copy(BIN, dir.join("dbmutex")).unwrap();
+        std::fs::set_permissions(dir.join("dbmutex"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        WorldBin(dir)
+    }
+}
+
+impl Drop for WorldBin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `dbmutex ARGS` as user `nobody` (`setpriv`, root only), in the
+/// environment cron gives (`env -i`), with the default lock directory.
+fn as_nobody(bin: &WorldBin, args: &[&str]) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+    ])
+    .arg(bin.0.join("dbmutex"))
+    .args(args)
+    .current_dir("/")
+    .stdin(Stdio::null());
+    c
+}
+
+/// Whether the tests run as root.
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// The local backend's default directory, as a test process can see it.
 const DEFAULT_LOCK_DIR: &str = "/run/lock/dbmutex";
 
@@ -2321,6 +2373,7 @@ fn default_lock_dir_is_one_per_host() {
     );
 
     let try_once = ["run", "-n", &name, "--", "true"];
+    let world_bin = WorldBin::new();
     let mut cron_like = Command::new("env");
     cron_like.args(["-i", "PATH=/usr/bin:/bin", BIN]).args(try_once);
     let mut other_env = default_local(&try_once);
@@ -2332,21 +2385,8 @@ fn default_lock_dir_is_one_per_host() {
         ("env -i", cron_like),
         ("other XDG_RUNTIME_DIR/HOME/TMPDIR", other_env),
     ];
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let mut other_user = Command::new("setpriv");
-        other_user
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "env",
-                "-i",
-                "PATH=/usr/bin:/bin",
-                BIN,
-            ])
-            .args(try_once);
-        cases.push(("another user (nobody)", other_user));
+    if is_root() {
+        cases.push(("another user (nobody)", as_nobody(&world_bin, &try_once)));
     } else {
         eprintln!("not root: the other-user case needs root to switch users");
     }
@@ -2362,6 +2402,57 @@ fn default_lock_dir_is_one_per_host() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "free after the release: {}", stderr(&out));
+}
+
+/// The host-wide directory serves every user: after root (umask 077, as
+/// a strict cron might have) ran a name with `--once-per` and `--fence`,
+/// `nobody` runs it too (it got exit 69, "cannot write ….lock.run"), and
+/// root again after `nobody`.
+#[test]
+fn local_records_serve_every_user() {
+    if !is_root() {
+        eprintln!("not root: switching users needs root");
+        return;
+    }
+    let b = Backend::new("local");
+    let name = b.name("users");
+    let key = b.key_json(&name);
+    let file = PathBuf::from(DEFAULT_LOCK_DIR).join(key["local"].as_str().unwrap());
+    let _cleanup: Vec<RemoveDefaultLockFile> = ["", ".run", ".fence", ".queue", ".run.tmp", ".fence.tmp"]
+        .iter()
+        .map(|s| RemoveDefaultLockFile(PathBuf::from(format!("{}{s}", file.display()))))
+        .collect();
+    let args = ["run", "--once-per", "1s", "--fence", &name, "--", "true"];
+    let bin = WorldBin::new();
+    let root_run = |mut c: Command| {
+        let out = c
+            .env_remove("DBMUTEX_DATABASE_URL")
+            .env_remove("DATABASE_URL")
+            .env_remove("DBMUTEX_LOCK_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "root: {}", stderr(&out));
+    };
+    let mut strict = Command::new("sh");
+    strict
+        .args(["-c", "umask 077; exec \"$@\"", "sh", BIN])
+        .args(args);
+    root_run(strict);
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = as_nobody(&bin, &args).output().unwrap();
+    assert_eq!(code(&out), 0, "nobody after root: {}", stderr(&out));
+    let out = as_nobody(&bin, &["status", "--json", &name]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["last_run"]["run"].as_u64(),
+        Some(2),
+        "nobody's run is recorded: {v}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut again = Command::new(BIN);
+    again.args(args);
+    root_run(again);
 }
 
 /// `--require-database` / DBMUTEX_REQUIRE_DATABASE=1: no database URL is a
