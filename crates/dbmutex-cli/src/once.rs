@@ -21,7 +21,7 @@ pub async fn start(
     say: Say,
 ) -> Result<Option<Run>, Failure> {
     let asked = if reset { Duration::ZERO } else { window };
-    match guard.start_run(asked).await? {
+    match guard.start_run(asked).await.map_err(exit::after_connect)? {
         RunStart::Due(run) => {
             say.detail(format_args!("run {} of {name} recorded as started", run.number()));
             Ok(Some(run))

@@ -163,9 +163,12 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     // What the command may want to know of its lock: the name as given, the
     // fencing token only when asked for (an inherited one, from an outer
     // `dbmutex run --fence`, is not this lock's: removed), the slot.
+    // The database URL is dbmutex's, not the command's: it may hold a
+    // password (DATABASE_URL, often the application's own, stays).
     let mut env = vec![
         ("DBMUTEX_LOCK_NAME", Some(args.name.clone())),
         ("DBMUTEX_FENCE", guard.fence().map(|t| t.to_string())),
+        ("DBMUTEX_DATABASE_URL", None),
     ];
     if let LockName::Slot(_, slot) = guard.name() {
         env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
@@ -252,7 +255,12 @@ async fn connect_and_take(
 ) -> Result<Option<(Locker, LockGuard)>, Failure> {
     let locker = target.connect().await?;
     let start = tokio::time::Instant::now();
-    let mut acquire = pin!(acquire(&locker, name, opts, wait, slots));
+    let acquire = async {
+        acquire(&locker, name, opts, wait, slots)
+            .await
+            .map_err(exit::after_connect)
+    };
+    let mut acquire = pin!(acquire);
     let mut next = NOTICE_AFTER;
     let mut said = 0u32;
     while notices == Notices::Repeat || (notices == Notices::Once && said == 0) {

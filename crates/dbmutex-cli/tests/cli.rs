@@ -2455,6 +2455,85 @@ fn local_records_serve_every_user() {
     root_run(again);
 }
 
+/// Every time option takes one grammar (`1.5`, `250ms`, `2s`, `1m`, `1h`);
+/// `run --help` has the exit-status table and the cron recipe.
+#[test]
+fn time_options_share_one_grammar() {
+    let b = Backend::new("local");
+    let name = b.name("durations");
+    for opts in [
+        &["-w", "250ms", "--kill-after", "1.5", "--max-hold", "1m"][..],
+        &["-w", "1.5", "--kill-after", "250ms", "--max-hold", "1h"],
+        &[
+            "-w",
+            "2s",
+            "--kill-after",
+            "1m",
+            "--max-hold",
+            "2s",
+            "--once-per",
+            "250ms",
+        ],
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&[&name, "--", "true"]);
+        let out = b.run(&args);
+        assert_eq!(code(&out), 0, "{opts:?}: {}", stderr(&out));
+    }
+    for bad in ["-w", "--kill-after", "--max-hold", "--once-per"] {
+        let out = b.run(&["run", bad, "1x", &name, "--", "true"]);
+        assert_eq!(code(&out), 64, "{bad} 1x: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("250ms, 2s, 1m, 1h"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+    let out = b.run(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "Exit status of `dbmutex run`",
+        "75 (or -E N)",
+        "69",
+        "dbmutex init --database-url URL",
+        "-n -E 0 --require-database --once-per",
+    ] {
+        assert!(help.contains(needle), "run --help lacks {needle:?}:\n{help}");
+    }
+}
+
+/// `--json` errors are JSON on stdout for `key` and `list` too, with the
+/// exit status of the text form; the command never sees the database URL.
+#[test]
+fn json_errors_and_the_childs_environment() {
+    let b = Backend::new("postgres");
+    let out = b.run(&["key", "--json", ""]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(
+        (v["error"]["kind"].as_str(), v["error"]["exit"].as_i64()),
+        (Some("invalid_name"), Some(64)),
+        "{v}"
+    );
+    let out = b.run(&["--database-url", &b.dead_url(), "list", "--json"]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["error"]["kind"], "connect", "{v}");
+    assert!(!v.to_string().contains("s3cret"), "{v}");
+    let out = b.run(&[
+        "run",
+        &b.name("env"),
+        "--",
+        "sh",
+        "-c",
+        "echo ${DBMUTEX_DATABASE_URL-unset}",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "unset");
+}
+
 /// `--require-database` / DBMUTEX_REQUIRE_DATABASE=1: no database URL is a
 /// configuration error (78), and the command does not run.
 #[test]
