@@ -2155,7 +2155,7 @@ fn man_pages_are_valid_roff() {
         .stdin_bytes(main.as_bytes());
     let text = String::from_utf8_lossy(&shown.stdout).replace(['\u{2010}', '\u{2212}'], "-");
     assert!(
-        text.contains("  75 (or -E N)   not acquired: -n conflict or -w timeout; the command did not run"),
+        text.contains("  75 (or -E N)   not acquired: -n conflict or -w timeout, or --once-per and not due;"),
         "{text}"
     );
     let run = String::from_utf8(Command::new(BIN).args(["man", "run"]).output().unwrap().stdout).unwrap();
