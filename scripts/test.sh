@@ -3,8 +3,9 @@
 #
 # Makes sure PostgreSQL (127.0.0.1:5432, database `test`) and MariaDB
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
-# from Debian's packages when absent, and that pgbouncer, openssl and
-# flock(1) are installed (the pooler tests start their own pgbouncer). Then
+# from Debian's packages when absent, and that pgbouncer, openssl,
+# flock(1) and faketime are installed (the pooler tests start their own
+# pgbouncer; the cron test plays hosts with skewed clocks). Then
 # runs `cargo test --workspace --all-features --no-fail-fast` (every optional
 # integration, such as sqlx, is tested too), so one failure never hides
 # the others, and ends with a one-line summary (passed, failed, ignored,
@@ -69,16 +70,26 @@ my_up() { mariadb -h 127.0.0.1 -P 3306 -uroot -e 'SELECT 1' >/dev/null 2>&1; }
 
 ensure_mariadb() {
   if command -v mariadb >/dev/null && my_up; then :; else
+    local installed=
     if [ ! -x /usr/sbin/mariadbd ]; then
       say "installing MariaDB from Debian's packages"
       apt_install mariadb-server mariadb-client
+      installed=1
     fi
     say "starting MariaDB"
     mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
     start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql || true
     if ! wait_for 30 my_up; then
-      # A fresh install lets root in by socket only: allow the empty password on TCP (test machines only).
-      mariadb -uroot -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')" || true
+      if [ -z "$installed" ]; then
+        # Never weaken a server this script did not install.
+        say "MariaDB does not let root in without a password on 127.0.0.1:3306, and test.sh"
+        say "changes no authentication of a server it did not install: run the tests with"
+        say "DBMUTEX_SKIP_SERVICES=1 DBMUTEX_TEST_MYSQL_URL=mysql://USER:PASSWORD@127.0.0.1:3306/test"
+        say "(a user that may create databases and users), or allow root on TCP yourself"
+        exit 1
+      fi
+      # The server just installed lets root in by socket only: allow the empty password on TCP.
+      mariadb -uroot -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')"
       wait_for 10 my_up || { say "MariaDB does not answer on 127.0.0.1:3306"; exit 1; }
     fi
   fi
@@ -89,6 +100,7 @@ ensure_tools() {
   command -v pgbouncer >/dev/null || { say "installing pgbouncer"; apt_install pgbouncer; }
   command -v openssl >/dev/null || { say "installing openssl"; apt_install openssl; }
   [ -x /usr/bin/flock ] || { say "installing util-linux (flock)"; apt_install util-linux; }
+  command -v faketime >/dev/null || { say "installing faketime"; apt_install faketime; }
 }
 
 if [ "${DBMUTEX_SKIP_SERVICES:-}" != 1 ]; then

@@ -3,6 +3,8 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use tokio::process::{Child, Command};
@@ -37,6 +39,44 @@ impl Program {
             Program::Argv(argv) => argv[0].to_string_lossy().into_owned(),
             Program::Shell(_) => shell().to_string_lossy().into_owned(),
         }
+    }
+
+    /// Fails as [`Program::spawn`] would (127 not found, 126 not
+    /// executable) for an argv whose program is missing or not executable,
+    /// searched in `$PATH` (else `/bin:/usr/bin`, execvp's default) as the
+    /// spawn will. A shell command line always passes: its shell reports.
+    pub fn check(&self) -> Result<(), Failure> {
+        let Program::Argv(argv) = self else {
+            return Ok(());
+        };
+        let prog = Path::new(&argv[0]);
+        let candidates: Vec<PathBuf> = if prog.as_os_str().as_bytes().contains(&b'/') {
+            vec![prog.to_owned()]
+        } else {
+            let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+            std::env::split_paths(&path).map(|dir| dir.join(prog)).collect()
+        };
+        let mut found = false;
+        for c in &candidates {
+            if c.is_file() {
+                found = true;
+                if executable(c) {
+                    return Ok(());
+                }
+            }
+        }
+        let (code, why) = if found {
+            (
+                exit::CANNOT_EXECUTE,
+                io::Error::from(io::ErrorKind::PermissionDenied),
+            )
+        } else {
+            (exit::NOT_FOUND, io::Error::from(io::ErrorKind::NotFound))
+        };
+        Err(Failure::new(
+            code,
+            format!("cannot run {}: {why}", self.display()),
+        ))
     }
 
     /// Starts the program with our stdin, stdout and stderr, as the leader
@@ -78,6 +118,15 @@ impl Program {
             Failure::new(code, format!("cannot run {}: {e}", self.display()))
         })
     }
+}
+
+/// Whether this process may execute `path` (access(2), as exec checks).
+fn executable(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path, which `c` is.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
 }
 
 /// Makes the child the leader of a new process group, tells the guardian

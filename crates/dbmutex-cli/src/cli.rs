@@ -6,9 +6,35 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
 
-use crate::seconds::{parse_seconds, parse_window};
+use crate::seconds::{parse_duration, parse_once_per};
 
-const AFTER_HELP: &str = "\
+/// The exit statuses of `dbmutex run`, in `dbmutex --help` and `run --help`.
+macro_rules! run_exit_table {
+    () => {
+        "Exit status of `dbmutex run`:
+  the command's  the command ran; 128+N if it died of signal N
+  75 (or -E N)   not acquired: -n conflict or -w timeout, or --once-per and not due;
+                 the command did not run
+  64             usage error: bad flag or value, empty name, no command, or an
+                 option the backend does not support (-s on MySQL, --transaction
+                 off PostgreSQL)
+  69             server unreachable, authentication failed, another database error
+                 before the command started, or the database lacks a table the
+                 option needs (run `dbmutex init --database-url URL` as a role that
+                 may create it); the command did not run
+  70             the lock was lost while the command ran (its process group got
+                 SIGTERM, then SIGKILL after --kill-after)
+  78             --require-database and no database URL; the command did not run
+  124            the command held the lock past --max-hold (its process group got
+                 SIGTERM, then SIGKILL after --kill-after; then the lock was released)
+  126, 127       the command could not be executed / was not found (as env(1))
+  128+N          dbmutex got signal N while waiting; the command did not run
+"
+    };
+}
+
+const AFTER_HELP: &str = concat!(
+    "\
 Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
 (postgres://, postgresql://, mysql://, mariadb://); with none of them, the local
 backend (this host only): lock files under env DBMUTEX_LOCK_DIR, else
@@ -21,22 +47,9 @@ SIGKILL, reach the whole group; processes left in it when the command exits are
 stopped before the lock is released. Processes that leave the group (setsid)
 are not reached.
 
-Exit status of `dbmutex run`:
-  the command's  the command ran; 128+N if it died of signal N
-  75 (or -E N)   not acquired: -n conflict or -w timeout; the command did not run
-  64             usage error: bad flag or value, empty name, no command, or an
-                 option the backend does not support (-s on MySQL, --transaction
-                 off PostgreSQL)
-  69             server unreachable, authentication failed, or another database
-                 error before the command started; the command did not run
-  70             the lock was lost while the command ran (its process group got
-                 SIGTERM, then SIGKILL after --kill-after)
-  78             --require-database and no database URL; the command did not run
-  124            the command held the lock past --max-hold (its process group got
-                 SIGTERM, then SIGKILL after --kill-after; then the lock was released)
-  126, 127       the command could not be executed / was not found (as env(1))
-  128+N          dbmutex got signal N while waiting; the command did not run
-`dbmutex status` exits 0 when the lock is free and 1 when it is held (errors:
+",
+    run_exit_table!(),
+    "`dbmutex status` exits 0 when the lock is free and 1 when it is held (errors:
 see `dbmutex status --help`).
 
 While it waits, dbmutex says once (after 1 s) which lock it waits for and who
@@ -61,7 +74,8 @@ Examples:
   dbmutex run --slots 3 render -- ./render.sh        at most 3 at once, fleet-wide
   dbmutex run --once-per 1h report -- ./report.sh    at most once an hour, fleet-wide
   dbmutex completions bash > /etc/bash_completion.d/dbmutex
-  dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1";
+  dbmutex man > dbmutex.1; dbmutex man run > dbmutex-run.1"
+);
 
 const STATUS_AFTER_HELP: &str = "\
 Exit status of `dbmutex status`:
@@ -127,7 +141,9 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command while holding the lock NAME.
-    #[command(override_usage = "dbmutex run [OPTIONS] NAME -- COMMAND [ARGS...]\n       \
+    #[command(after_help = concat!(run_exit_table!(), "
+Cron (every host runs the same line; one run per tick fleet-wide, silent when
+another host has it): dbmutex run -n -E 0 --require-database --once-per 1h NAME -- CMD"), override_usage = "dbmutex run [OPTIONS] NAME -- COMMAND [ARGS...]\n       \
                           dbmutex run [OPTIONS] NAME -c 'SHELL COMMAND'")]
     Run(RunArgs),
     /// Say whether NAME is held, and by whom (exit 0 free, 1 held).
@@ -196,8 +212,8 @@ pub struct RunArgs {
     #[arg(short, long, conflicts_with = "timeout")]
     pub no_wait: bool,
 
-    /// Wait at most SECONDS (fractions allowed; 0 = --no-wait). Default: forever.
-    #[arg(short = 'w', long, value_name = "SECONDS", value_parser = parse_seconds, allow_hyphen_values = true)]
+    /// Wait at most DURATION (2.5, 250ms, 2s, 1m, 1h; 0 = --no-wait). Default: forever.
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub timeout: Option<Duration>,
 
     /// Take a shared lock (PostgreSQL and local; not MySQL).
@@ -223,12 +239,12 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["shared", "transaction"])]
     pub fence: bool,
 
-    /// Seconds between SIGTERM and SIGKILL to the command's process group
+    /// Time between SIGTERM and SIGKILL to the command's process group
     /// (lock lost, dbmutex killed, or processes left behind)
     #[arg(
         long,
-        value_name = "SECONDS",
-        value_parser = parse_seconds,
+        value_name = "DURATION",
+        value_parser = parse_duration,
         default_value = "1",
         allow_hyphen_values = true
     )]
@@ -239,16 +255,24 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub slots: Option<u32>,
 
-    /// Run at most once per DURATION (3600, 90s, 30m, 1h, 1d) across every
-    /// host: under the lock, if NAME last started less than DURATION ago by
-    /// the database server's clock, do not run the command and exit with
-    /// the conflict status (-E), saying when and where it last ran
-    #[arg(long, value_name = "DURATION", value_parser = parse_window, conflicts_with_all = ["shared", "transaction", "slots"])]
+    /// Run at most once per DURATION (3600, 90s, 30m, 1h, 1d; not 0) across
+    /// every host: under the lock, if NAME last started less than DURATION
+    /// minus a grace (half of DURATION, at most 1 min) ago by the database
+    /// server's clock, do not run the command and exit with the conflict
+    /// status (-E), saying when and where it last ran. The grace absorbs
+    /// cron's jitter and hosts' clock differences: --once-per equal to the
+    /// cron period runs once per tick
+    #[arg(long, value_name = "DURATION", value_parser = parse_once_per, conflicts_with_all = ["shared", "transaction", "slots"])]
     pub once_per: Option<Duration>,
 
+    /// With --once-per: run now whatever the last run (a failed one, say),
+    /// and count the window from this run
+    #[arg(long, requires = "once_per")]
+    pub reset_window: bool,
+
     /// Stop the command (as when the lock is lost) and exit 124 if it still
-    /// holds the lock after SECONDS, so a hung job cannot hold it for ever
-    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    /// holds the lock after DURATION, so a hung job cannot hold it for ever
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
 
     /// Run SHELL COMMAND with $SHELL -c (else /bin/sh -c).

@@ -98,6 +98,18 @@ impl From<dbmutex::Error> for Failure {
     }
 }
 
+/// A library error met after connecting, while the lock is taken or the
+/// run recorded: a configuration error then is the server's state (a
+/// missing table, a missing grant, a lock file that is not a regular
+/// file), not the command line's: 69, as `run --help` says.
+pub fn after_connect(e: dbmutex::Error) -> Failure {
+    let mut f = Failure::from(e);
+    if f.kind == Some("config") {
+        f.code = UNAVAILABLE;
+    }
+    f
+}
+
 /// The error's message followed by those of its sources that it does not
 /// already include.
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
@@ -133,6 +145,16 @@ mod tests {
             Failure::from(dbmutex::Error::Database("x".into())).code,
             UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn config_errors_after_connecting_are_the_servers() {
+        let missing = || dbmutex::Error::Config("run `dbmutex init --database-url URL`".into());
+        assert_eq!(Failure::from(missing()).code, USAGE);
+        let f = after_connect(missing());
+        assert_eq!((f.code, f.kind()), (UNAVAILABLE, "config"));
+        let unsupported = dbmutex::Error::Unsupported("no shared locks".into());
+        assert_eq!(after_connect(unsupported).code, USAGE);
     }
 
     /// Each source's text appears once, however the chain repeats it.

@@ -11,14 +11,17 @@ use crate::exit::{self, Failure};
 use crate::say::Say;
 
 /// Under the lock: `Ok(Some(run))` when a run is due (its start is now
-/// recorded), `Ok(None)` when not (said, unless quiet).
+/// recorded), `Ok(None)` when not (said, unless quiet). `reset`: due
+/// whatever the last run (`--reset-window`).
 pub async fn start(
     guard: &LockGuard,
     window: Duration,
+    reset: bool,
     name: &str,
     say: Say,
 ) -> Result<Option<Run>, Failure> {
-    match guard.start_run(window).await? {
+    let asked = if reset { Duration::ZERO } else { window };
+    match guard.start_run(asked).await.map_err(exit::after_connect)? {
         RunStart::Due(run) => {
             say.detail(format_args!("run {} of {name} recorded as started", run.number()));
             Ok(Some(run))
@@ -49,7 +52,11 @@ pub async fn finish(guard: &LockGuard, run: &Run, code: u8, name: &str, say: Say
 /// "last started at … (… ago) on HOST, pid N; finished …", for people.
 pub fn text(last: &LastRun) -> String {
     let ended = match (last.finished_at, last.exit_code) {
-        (Some(at), Some(code)) => format!("finished at {} with exit status {code}", stamp(at)),
+        (Some(at), Some(code)) => format!(
+            "finished at {} with exit status {code}{}",
+            stamp(at),
+            meaning(code)
+        ),
         (Some(at), None) => format!("finished at {}", stamp(at)),
         _ => "not finished (still running, or stopped before it could record its end)".into(),
     };
@@ -61,6 +68,16 @@ pub fn text(last: &LastRun) -> String {
         last.pid,
         last.run
     )
+}
+
+/// What an exit status that dbmutex itself gives means, for people.
+fn meaning(code: i32) -> &'static str {
+    match u8::try_from(code) {
+        Ok(exit::NOT_FOUND) => " (the command was not found, or its shell said so)",
+        Ok(exit::CANNOT_EXECUTE) => " (the command could not be executed)",
+        Ok(exit::MAX_HOLD) => " (stopped after --max-hold)",
+        _ => "",
+    }
 }
 
 /// The record as `status --json` shows it.

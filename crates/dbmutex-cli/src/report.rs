@@ -46,12 +46,16 @@ fn name_json(name: &LockName, given: &str) -> Value {
     }
 }
 
-/// Exit 0 when free, 1 when held. With `--json`, an error is printed as
-/// `{"error": {...}}` on stdout (and not on stderr); the exit status is the
-/// same as without.
+/// Exit 0 when free, 1 when held.
 pub async fn status(global: &Global, args: StatusArgs) -> Result<u8, Failure> {
     let json = args.json;
-    match status_inner(global, args).await {
+    json_errors(json, status_inner(global, args).await)
+}
+
+/// With `--json`, an error is printed as `{"error": {...}}` on stdout (and
+/// not on stderr); the exit status is the same as without.
+fn json_errors(json: bool, r: Result<u8, Failure>) -> Result<u8, Failure> {
+    match r {
         Err(f) if json => {
             print(&json_line(&json!({
                 "error": { "kind": f.kind(), "message": f.message, "exit": f.code }
@@ -149,6 +153,11 @@ async fn slots_status(
 }
 
 pub async fn list(global: &Global, args: ListArgs) -> Result<u8, Failure> {
+    let json = args.json;
+    json_errors(json, list_inner(global, args).await)
+}
+
+async fn list_inner(global: &Global, args: ListArgs) -> Result<u8, Failure> {
     let target = Target::choose(global)?;
     let locker = target.connect().await?;
     let locks = locker.list().await?;
@@ -182,6 +191,11 @@ pub async fn list(global: &Global, args: ListArgs) -> Result<u8, Failure> {
 
 /// Needs no connection: the mapping is pure.
 pub fn key(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
+    let json = args.json;
+    json_errors(json, key_inner(global, args))
+}
+
+fn key_inner(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
     let name = valid_name(&args.name, &args.int)?;
     let prefix = match &global.prefix {
         Some(p) => Prefix::new(p.clone()),

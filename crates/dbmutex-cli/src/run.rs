@@ -35,6 +35,8 @@ const CANCEL_GRACE: Duration = Duration::from_millis(50);
 
 pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     let program = program(&args)?;
+    // A command that cannot start takes no lock and records no run.
+    program.check()?;
     let lock = valid_name(&args.name, &args.int)?;
     let target = Target::choose(global)?;
     let mode = if args.shared {
@@ -114,7 +116,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     }
     let run = match args.once_per {
         None => None,
-        Some(window) => match once::start(&guard, window, &name, busy).await {
+        Some(window) => match once::start(&guard, window, args.reset_window, &name, busy).await {
             Ok(Some(run)) => Some(run),
             Ok(None) => {
                 let _ = release(guard).await;
@@ -161,9 +163,12 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     // What the command may want to know of its lock: the name as given, the
     // fencing token only when asked for (an inherited one, from an outer
     // `dbmutex run --fence`, is not this lock's: removed), the slot.
+    // The database URL is dbmutex's, not the command's: it may hold a
+    // password (DATABASE_URL, often the application's own, stays).
     let mut env = vec![
         ("DBMUTEX_LOCK_NAME", Some(args.name.clone())),
         ("DBMUTEX_FENCE", guard.fence().map(|t| t.to_string())),
+        ("DBMUTEX_DATABASE_URL", None),
     ];
     if let LockName::Slot(_, slot) = guard.name() {
         env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
@@ -172,6 +177,11 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         Ok(c) => c,
         Err(f) => {
             guardian.disarm();
+            // Found by the check, gone (or not executable) by now: the
+            // record says how this run ended.
+            if let Some(run) = &run {
+                once::finish(&guard, run, f.code, &name, say).await;
+            }
             let _ = release(guard).await;
             return Err(f);
         }
@@ -245,7 +255,12 @@ async fn connect_and_take(
 ) -> Result<Option<(Locker, LockGuard)>, Failure> {
     let locker = target.connect().await?;
     let start = tokio::time::Instant::now();
-    let mut acquire = pin!(acquire(&locker, name, opts, wait, slots));
+    let acquire = async {
+        acquire(&locker, name, opts, wait, slots)
+            .await
+            .map_err(exit::after_connect)
+    };
+    let mut acquire = pin!(acquire);
     let mut next = NOTICE_AFTER;
     let mut said = 0u32;
     while notices == Notices::Repeat || (notices == Notices::Once && said == 0) {

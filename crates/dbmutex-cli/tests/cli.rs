@@ -66,7 +66,19 @@ impl Backend {
 
     /// `dbmutex ARGS` with this backend selected through the environment.
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
+        self.cmd_under(&[], args)
+    }
+
+    /// As [`Backend::cmd`], started by `wrapper` (e.g. `faketime -f +2s`).
+    fn cmd_under(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let mut c = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         c.args(args)
             .env_remove("DBMUTEX_DATABASE_URL")
             .env_remove("DATABASE_URL")
@@ -1721,7 +1733,32 @@ fn once_per_runs_once_per_tick(b: &Backend) {
         b.kind
     );
     let out = b.run(&["run", "--once-per", "0", &name, "--", "sh", "-c", "exit 5"]);
-    assert_eq!(code(&out), 5, "[{}] a window of 0 runs: {}", b.kind, stderr(&out));
+    assert_eq!(
+        code(&out),
+        64,
+        "[{}] a window of 0 is refused: {}",
+        b.kind,
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("limits nothing"), "{}", stderr(&out));
+    let out = b.run(&[
+        "run",
+        "--once-per",
+        "1h",
+        "--reset-window",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "exit 5",
+    ]);
+    assert_eq!(
+        code(&out),
+        5,
+        "[{}] --reset-window runs: {}",
+        b.kind,
+        stderr(&out)
+    );
     let out = b.run(&["status", "--json", &name]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
@@ -1736,6 +1773,145 @@ fn once_per_runs_once_per_tick(b: &Backend) {
         args.extend_from_slice(&[&name, "--", "true"]);
         assert_eq!(code(&b.run(&args)), 64, "[{}] {bad:?}", b.kind);
     }
+}
+
+/// Three processes play three hosts whose clocks differ by up to 4 s
+/// (`faketime` offsets of -2 s, 0 and +2 s) and whose cron fires every 2 s
+/// with up to 0.5 s of jitter each, all running the cron recipe with
+/// `--once-per` equal to the period: every tick runs the command exactly
+/// once (none skipped, none twice).
+fn once_per_is_once_per_cron_tick(b: &Backend) {
+    const TICKS: u32 = 15;
+    const PERIOD: Duration = Duration::from_secs(2);
+    let name = b.name("cron");
+    let ran = b.marker("cron-ran");
+    let mut seed = u64::from(std::process::id()) ^ u64::from(unique()) << 32 | 1;
+    eprintln!("[{}] jitter seed {seed}", b.kind);
+    let mut jitter = move || {
+        // xorshift: enough for jitter, and the seed is printed.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        Duration::from_millis(seed % 501)
+    };
+    let t0 = Instant::now() + Duration::from_millis(500);
+    let mut fires: Vec<(Instant, &str, u32)> = Vec::new();
+    for tick in 0..TICKS {
+        for offset in ["-2s", "+0s", "+2s"] {
+            fires.push((t0 + PERIOD * tick + jitter(), offset, tick));
+        }
+    }
+    fires.sort_by_key(|f| f.0);
+    let mut procs = Vec::new();
+    for (at, offset, tick) in fires {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let script = format!("echo {tick} >> '{}'", ran.display());
+        let mut host = b.cmd_under(
+            &["faketime", "-f", offset],
+            &[
+                "run",
+                "-n",
+                "-E",
+                "0",
+                "--once-per",
+                "2s",
+                &name,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        host.stdout(Stdio::null()).stderr(Stdio::piped());
+        procs.push((
+            tick,
+            offset,
+            host.spawn().expect("start faketime (Debian package faketime)"),
+        ));
+    }
+    for (tick, offset, p) in procs {
+        let out = p.wait_with_output().unwrap();
+        assert_eq!(
+            code(&out),
+            0,
+            "[{}] tick {tick}, host {offset}: {}",
+            b.kind,
+            stderr(&out)
+        );
+    }
+    let text = std::fs::read_to_string(&ran).unwrap_or_default();
+    let mut ticks: Vec<u32> = text.lines().map(|l| l.parse().unwrap()).collect();
+    ticks.sort();
+    assert_eq!(
+        ticks,
+        (0..TICKS).collect::<Vec<_>>(),
+        "[{}] each tick must run once (runs listed by tick)",
+        b.kind
+    );
+}
+
+/// A command that cannot start takes no lock and records no run: the next
+/// host runs. A failed run is recorded with its status and fills its
+/// window; `--reset-window` runs it again at once.
+fn once_per_records_failures_truthfully(b: &Backend) {
+    let name = b.name("once-fail");
+    let once = |cmd: &[&str]| {
+        let mut args = vec!["run", "--once-per", "1h", &name, "--"];
+        args.extend_from_slice(cmd);
+        b.run(&args)
+    };
+    let out = once(&["/nonexistent/command"]);
+    assert_eq!(code(&out), 127, "[{}] {}", b.kind, stderr(&out));
+    let last = |b: &Backend| {
+        let out = b.run(&["status", "--json", &name]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["last_run"].clone()
+    };
+    assert!(
+        last(b).is_null(),
+        "[{}] a command never started is no run: {}",
+        b.kind,
+        last(b)
+    );
+    let out = once(&["sh", "-c", "exit 3"]);
+    assert_eq!(code(&out), 3, "[{}] {}", b.kind, stderr(&out));
+    let l = last(b);
+    assert_eq!(
+        (l["run"].as_u64(), l["exit_code"].as_i64()),
+        (Some(1), Some(3)),
+        "{l}"
+    );
+    assert!(l["finished_at"].is_string(), "{l}");
+    let out = b.run(&["status", &name]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("with exit status 3") && !text.contains("still running"),
+        "{text}"
+    );
+    let out = once(&["true"]);
+    assert_eq!(
+        code(&out),
+        75,
+        "[{}] a failed run fills its window: {}",
+        b.kind,
+        stderr(&out)
+    );
+    let out = b.run(&["run", "--reset-window", &name, "--", "true"]);
+    assert_eq!(
+        code(&out),
+        64,
+        "--reset-window needs --once-per: {}",
+        stderr(&out)
+    );
+    let out = b.run(&["run", "--once-per", "1h", "--reset-window", &name, "--", "true"]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    assert_eq!(last(b)["run"].as_u64(), Some(2));
+    assert_eq!(
+        code(&once(&["true"])),
+        75,
+        "[{}] the window counts from the reset",
+        b.kind
+    );
 }
 
 /// `--fence` exports `DBMUTEX_FENCE`, greater on each run; every run
@@ -1979,7 +2155,7 @@ fn man_pages_are_valid_roff() {
         .stdin_bytes(main.as_bytes());
     let text = String::from_utf8_lossy(&shown.stdout).replace(['\u{2010}', '\u{2212}'], "-");
     assert!(
-        text.contains("  75 (or -E N)   not acquired: -n conflict or -w timeout; the command did not run"),
+        text.contains("  75 (or -E N)   not acquired: -n conflict or -w timeout, or --once-per and not due;"),
         "{text}"
     );
     let run = String::from_utf8(Command::new(BIN).args(["man", "run"]).output().unwrap().stdout).unwrap();
@@ -2067,6 +2243,58 @@ fn status_json_bad_url() {
     assert!(stderr(&out).starts_with("dbmutex: "), "{}", stderr(&out));
 }
 
+/// The binary where every user may run it: a copy in a world-readable
+/// directory (the build's may be in a 0700 checkout, e.g. under /root),
+/// removed on drop.
+struct WorldBin(PathBuf);
+
+impl WorldBin {
+    fn new() -> WorldBin {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PathBuf::from(format!(
+            "/tmp/dbmutex-cli-bin-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::copy(BIN, dir.join("dbmutex")).unwrap();
+        std::fs::set_permissions(dir.join("dbmutex"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        WorldBin(dir)
+    }
+}
+
+impl Drop for WorldBin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `dbmutex ARGS` as user `nobody` (`setpriv`, root only), in the
+/// environment cron gives (`env -i`), with the default lock directory.
+fn as_nobody(bin: &WorldBin, args: &[&str]) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "env",
+        "-i",
+        "PATH=/usr/bin:/bin",
+    ])
+    .arg(bin.0.join("dbmutex"))
+    .args(args)
+    .current_dir("/")
+    .stdin(Stdio::null());
+    c
+}
+
+/// Whether the tests run as root.
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// The local backend's default directory, as a test process can see it.
 const DEFAULT_LOCK_DIR: &str = "/run/lock/dbmutex";
 
@@ -2145,6 +2373,7 @@ fn default_lock_dir_is_one_per_host() {
     );
 
     let try_once = ["run", "-n", &name, "--", "true"];
+    let world_bin = WorldBin::new();
     let mut cron_like = Command::new("env");
     cron_like.args(["-i", "PATH=/usr/bin:/bin", BIN]).args(try_once);
     let mut other_env = default_local(&try_once);
@@ -2156,21 +2385,8 @@ fn default_lock_dir_is_one_per_host() {
         ("env -i", cron_like),
         ("other XDG_RUNTIME_DIR/HOME/TMPDIR", other_env),
     ];
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        let mut other_user = Command::new("setpriv");
-        other_user
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "env",
-                "-i",
-                "PATH=/usr/bin:/bin",
-                BIN,
-            ])
-            .args(try_once);
-        cases.push(("another user (nobody)", other_user));
+    if is_root() {
+        cases.push(("another user (nobody)", as_nobody(&world_bin, &try_once)));
     } else {
         eprintln!("not root: the other-user case needs root to switch users");
     }
@@ -2186,6 +2402,136 @@ fn default_lock_dir_is_one_per_host() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "free after the release: {}", stderr(&out));
+}
+
+/// The host-wide directory serves every user: after root (umask 077, as
+/// a strict cron might have) ran a name with `--once-per` and `--fence`,
+/// `nobody` runs it too (it got exit 69, "cannot write ….lock.run"), and
+/// root again after `nobody`.
+#[test]
+fn local_records_serve_every_user() {
+    if !is_root() {
+        eprintln!("not root: switching users needs root");
+        return;
+    }
+    let b = Backend::new("local");
+    let name = b.name("users");
+    let key = b.key_json(&name);
+    let file = PathBuf::from(DEFAULT_LOCK_DIR).join(key["local"].as_str().unwrap());
+    let _cleanup: Vec<RemoveDefaultLockFile> = ["", ".run", ".fence", ".queue", ".run.tmp", ".fence.tmp"]
+        .iter()
+        .map(|s| RemoveDefaultLockFile(PathBuf::from(format!("{}{s}", file.display()))))
+        .collect();
+    let args = ["run", "--once-per", "1s", "--fence", &name, "--", "true"];
+    let bin = WorldBin::new();
+    let root_run = |mut c: Command| {
+        let out = c
+            .env_remove("DBMUTEX_DATABASE_URL")
+            .env_remove("DATABASE_URL")
+            .env_remove("DBMUTEX_LOCK_DIR")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "root: {}", stderr(&out));
+    };
+    let mut strict = Command::new("sh");
+    strict
+        .args(["-c", "umask 077; exec \"$@\"", "sh", BIN])
+        .args(args);
+    root_run(strict);
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = as_nobody(&bin, &args).output().unwrap();
+    assert_eq!(code(&out), 0, "nobody after root: {}", stderr(&out));
+    let out = as_nobody(&bin, &["status", "--json", &name]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["last_run"]["run"].as_u64(),
+        Some(2),
+        "nobody's run is recorded: {v}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut again = Command::new(BIN);
+    again.args(args);
+    root_run(again);
+}
+
+/// Every time option takes one grammar (`1.5`, `250ms`, `2s`, `1m`, `1h`);
+/// `run --help` has the exit-status table and the cron recipe.
+#[test]
+fn time_options_share_one_grammar() {
+    let b = Backend::new("local");
+    let name = b.name("durations");
+    for opts in [
+        &["-w", "250ms", "--kill-after", "1.5", "--max-hold", "1m"][..],
+        &["-w", "1.5", "--kill-after", "250ms", "--max-hold", "1h"],
+        &[
+            "-w",
+            "2s",
+            "--kill-after",
+            "1m",
+            "--max-hold",
+            "2s",
+            "--once-per",
+            "250ms",
+        ],
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(opts);
+        args.extend_from_slice(&[&name, "--", "true"]);
+        let out = b.run(&args);
+        assert_eq!(code(&out), 0, "{opts:?}: {}", stderr(&out));
+    }
+    for bad in ["-w", "--kill-after", "--max-hold", "--once-per"] {
+        let out = b.run(&["run", bad, "1x", &name, "--", "true"]);
+        assert_eq!(code(&out), 64, "{bad} 1x: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("250ms, 2s, 1m, 1h"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+    let out = b.run(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "Exit status of `dbmutex run`",
+        "75 (or -E N)",
+        "69",
+        "dbmutex init --database-url URL",
+        "-n -E 0 --require-database --once-per",
+    ] {
+        assert!(help.contains(needle), "run --help lacks {needle:?}:\n{help}");
+    }
+}
+
+/// `--json` errors are JSON on stdout for `key` and `list` too, with the
+/// exit status of the text form; the command never sees the database URL.
+#[test]
+fn json_errors_and_the_childs_environment() {
+    let b = Backend::new("postgres");
+    let out = b.run(&["key", "--json", ""]);
+    assert_eq!(code(&out), 64, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(
+        (v["error"]["kind"].as_str(), v["error"]["exit"].as_i64()),
+        (Some("invalid_name"), Some(64)),
+        "{v}"
+    );
+    let out = b.run(&["--database-url", &b.dead_url(), "list", "--json"]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["error"]["kind"], "connect", "{v}");
+    assert!(!v.to_string().contains("s3cret"), "{v}");
+    let out = b.run(&[
+        "run",
+        &b.name("env"),
+        "--",
+        "sh",
+        "-c",
+        "echo ${DBMUTEX_DATABASE_URL-unset}",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "unset");
 }
 
 /// `--require-database` / DBMUTEX_REQUIRE_DATABASE=1: no database URL is a
@@ -2300,6 +2646,8 @@ backend_tests! {
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
         once_per_runs_once_per_tick,
+        once_per_is_once_per_cron_tick,
+        once_per_records_failures_truthfully,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],

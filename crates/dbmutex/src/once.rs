@@ -10,8 +10,8 @@ use crate::{Error, LockName, LockOptions, Locker, Mode, Result};
 
 impl Locker {
     /// Runs `f` under the lock `name` unless its last run (by this call, or
-    /// `dbmutex run --once-per`, anywhere) started less than `window` ago by
-    /// the server's clock. The start is recorded before `f` runs, its end
+    /// `dbmutex run --once-per`, anywhere) started less than `window` minus
+    /// its [`grace`](crate::runs::grace) ago by the server's clock. The start is recorded before `f` runs, its end
     /// (exit status 0) after, both while the lock is held; see
     /// [`crate::runs`].
     ///

@@ -2,8 +2,9 @@
 //! fleet", which no lock released at the end of the job can give on its own.
 //!
 //! Under the lock, [`LockGuard::start_run`](crate::LockGuard::start_run)
-//! reads the name's last start. If it was less than the window ago — by
-//! the **database server's clock**, never the client's — the run is not due
+//! reads the name's last start. If it was less than the window, minus its
+//! [`grace`], ago — by the **database server's clock**, never the
+//! client's — the run is not due
 //! ([`RunStart::NotDue`] says when and where it last started). Otherwise it
 //! records a new start (time, host, process id) and the caller runs the
 //! job, then records its end with
@@ -32,6 +33,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **The grace.** A run is due once the last one started at least
+//! `window - grace(window)` ago, where [`grace`] is half the window, at most
+//! one minute. Cron fires late by a varying amount (its jitter), and hosts
+//! whose clocks differ fire one tick at different moments: without a grace,
+//! a window equal to the cron period skips every tick that fires a little
+//! earlier after its predecessor than the one before. With it, a window
+//! equal to the period runs once per tick as long as one tick's starts on
+//! all hosts (jitter plus clock differences) spread over less than the
+//! grace. The price: a loop that asks every few seconds runs once per
+//! `window - grace`, not once per window.
+//!
 //! **What counts** is the last *start*: a run that failed or never finished
 //! (its process was killed) still fills its window. The record keeps how
 //! it ended ([`LastRun::exit_code`], [`LastRun::finished_at`]) for
@@ -44,14 +56,15 @@
 //!   as `dbmutex_fence`; times are `clock_timestamp()`.
 //! - **MySQL / MariaDB**: the table [`MYSQL_TABLE`], in the connection's
 //!   database; times are `UTC_TIMESTAMP(6)`.
-//! - **local**: `<lock file>.run` beside the lock file, replaced (written,
-//!   `fsync`ed, renamed) while the lock is held. The host has one clock, its
-//!   own (`CLOCK_REALTIME`): a clock set back makes a run look recent. In
-//!   the host-wide shared directory the file belongs to the first user who
-//!   ran the name, as a fence file does (see [`crate::fence`]).
+//! - **local**: `<lock file>.run` beside the lock file, rewritten while the
+//!   lock is held. Ages are measured on the kernel's boot clock
+//!   (`CLOCK_BOOTTIME`, read from `/proc/uptime`), which no process can set
+//!   or fake and a wall clock stepped by NTP does not move; a record from
+//!   an earlier boot is aged by the wall clock. The file is readable and
+//!   writable by every user (mode 0666), as the lock directory is shared.
 //!
 //! The library creates the tables on first use. A role that may not create
-//! tables needs them created once (`dbmutex init --url URL`, or
+//! tables needs them created once (`dbmutex init --database-url URL`, or
 //! [`Locker::create_tables`](crate::Locker::create_tables)) and then:
 //!
 //! ```sql
@@ -176,10 +189,21 @@ pub(crate) fn ago(ago_us: i64) -> Duration {
     Duration::from_micros(u64::try_from(ago_us).unwrap_or(0))
 }
 
+/// How much earlier than a whole `window` after the last start a run is
+/// already due: half the window, at most one minute (see the module docs).
+pub fn grace(window: Duration) -> Duration {
+    (window / 2).min(MAX_GRACE)
+}
+
+/// The longest [`grace`]: more than cron's jitter and the clock differences
+/// of hosts kept in time, small beside an hourly or daily window.
+const MAX_GRACE: Duration = Duration::from_secs(60);
+
 /// Whether a run that started `ago_us` ago (server clock) leaves a new one
-/// due under `window`. A start in the future (a clock set back) is recent.
+/// due under `window`, less its [`grace`]. A start in the future (a clock
+/// set back) is recent.
 pub(crate) fn due(ago_us: i64, window: Duration) -> bool {
-    ago_us >= window_micros(window)
+    ago_us >= window_micros(window - grace(window))
 }
 
 /// The name as the tables keep it, for the people who read them: at most
@@ -202,7 +226,7 @@ pub(crate) fn stored_name(name: &crate::LockName) -> String {
 pub(crate) fn no_table_help(what: &str) -> String {
     format!(
         "once-per-window runs need the table dbmutex_runs, and this role cannot {what} it: \
-         run `dbmutex init --url URL` (or the statement in dbmutex::runs) as a role that may, \
+         run `dbmutex init --database-url URL` (or the statement in dbmutex::runs) as a role that may, \
          then grant SELECT, INSERT, UPDATE on dbmutex_runs to this one"
     )
 }
@@ -214,8 +238,12 @@ mod tests {
     #[test]
     fn due_is_by_the_servers_age_and_a_future_start_is_recent() {
         let hour = Duration::from_secs(3600);
-        assert!(due(3_600_000_000, hour));
-        assert!(!due(3_599_999_999, hour));
+        assert!(due(3_540_000_000, hour), "an hour less the minute of grace");
+        assert!(!due(3_539_999_999, hour));
+        let two = Duration::from_secs(2);
+        assert!(due(1_000_000, two), "half of a short window");
+        assert!(!due(999_999, two));
+        assert_eq!(grace(Duration::from_secs(90)), Duration::from_secs(45));
         assert!(!due(-5, hour), "a start after now (clock set back) is recent");
         assert!(due(0, Duration::ZERO), "a zero window is always due");
         assert!(!due(i64::MAX - 1, Duration::MAX));

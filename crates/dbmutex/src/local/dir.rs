@@ -16,9 +16,9 @@
 //! Every user must be able to lock there, so the directory is created
 //! world-writable with the sticky bit (mode 1777, as `/tmp`): anyone may
 //! create lock files, nobody but a file's owner (and the directory's owner)
-//! may remove or rename it. Lock files are created with the usual
-//! umask-limited mode; another user opens them read-only, which is enough to
-//! lock them (`flock(2)` needs no write access).
+//! may remove or rename it. Lock files are made readable by
+//! every user whatever the umask; another user opens them read-only, which
+//! is enough to lock them (`flock(2)` needs no write access).
 //!
 //! # Threat model
 //!
@@ -39,8 +39,10 @@
 //! of service) — or stand first in its queue, keeping a ticket fresh
 //! without ever taking the lock, which stalls the waiters behind it the
 //! same way, and may rewrite the queue's counter (`<lock file>.queue` is
-//! mode 0666 so that every user can queue), which disturbs the order only
-//! — and the owner of a lock file (whoever created it first) or
+//! mode 0666 so that every user can queue), which disturbs the order only,
+//! or a fencing token or run record (`.fence` and `.run` are mode 0666 so
+//! that every user can take a fenced or once-per-window lock), which can
+//! hand out a token again or make a run due early — and the owner of a lock file (whoever created it first) or
 //! of the directory (whoever created it first after boot, unless root made
 //! it, e.g. with the tmpfiles.d line `d /run/lock/dbmutex 1777 root root -`)
 //! can delete a lock file while it is held, after which a second holder can

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::file::io_error;
@@ -40,6 +40,12 @@ pub(super) fn issue(lock: &Path) -> Result<u64> {
 
 /// Replaces `<lock><suffix>` with `text` durably: write a temporary file,
 /// `fsync` it, rename it over, `fsync` the directory. Blocking.
+///
+/// The file serves every user of a shared directory, so it is mode 0666
+/// whatever the umask. In a sticky directory (the host-wide default) only
+/// its owner may rename over it: another user rewrites it in place, under
+/// the lock like the rename (a reader without the lock, `status`, may then
+/// see it half written and say so).
 pub(super) fn replace(lock: &Path, suffix: &str, text: &str) -> Result<()> {
     let path = beside(lock, suffix);
     let tmp = beside(lock, &format!("{suffix}.tmp"));
@@ -48,13 +54,41 @@ pub(super) fn replace(lock: &Path, suffix: &str, text: &str) -> Result<()> {
         // Not left for the next holder, who may be another user unable to
         // truncate it (a shared directory).
         let _ = std::fs::remove_file(&tmp);
-        return Err(io_error(format!("cannot write {}", path.display()), e));
+        if e.kind() != io::ErrorKind::PermissionDenied {
+            return Err(io_error(format!("cannot write {}", path.display()), e));
+        }
+        return rewrite(&path, text).map_err(|e| {
+            io_error(
+                format!(
+                    "cannot write {} (another user's, not writable by this one: \
+                     remove it, or make it mode 0666)",
+                    path.display()
+                ),
+                e,
+            )
+        });
     }
     match path.parent() {
         Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
         None => Ok(()),
     }
     .map_err(|e| io_error(format!("cannot sync the directory of {}", path.display()), e))
+}
+
+/// Rewrites the existing file at `path` in place (see [`replace`]): never
+/// through a symlink or into a file with other links.
+fn rewrite(path: &Path, text: &str) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() || m.nlink() != 1 {
+        return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+    }
+    f.set_len(0)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
 }
 
 /// The directory may be shared with other users: a symlink is never
@@ -74,9 +108,11 @@ fn write_synced(path: &Path, text: &str) -> io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o666)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
+    // The umask took bits away: put them back (every user rewrites it).
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
     f.write_all(text.as_bytes())?;
     f.sync_all()
 }

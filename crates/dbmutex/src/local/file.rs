@@ -6,7 +6,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use super::note;
@@ -73,6 +73,13 @@ impl LockFile {
                 "lock file {} is not a regular file",
                 path.display()
             )));
+        }
+        if writable && m.nlink() == 1 && m.mode() & 0o444 != 0o444 {
+            // A strict umask (077) left it unreadable to other users, who
+            // could then never lock it: readable is all they need. Only
+            // its owner may change the mode; for anyone else this fails,
+            // and changes nothing.
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(m.mode() | 0o444));
         }
         Ok(LockFile {
             file,

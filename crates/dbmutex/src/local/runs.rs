@@ -1,9 +1,15 @@
 //! Once-per-window runs on the local backend (see [`crate::runs`]): the
-//! last run in `<lock file>.run`, replaced while the lock is held; times
-//! from this host's clock, the only one its processes share.
+//! last run in `<lock file>.run`, replaced while the lock is held.
+//!
+//! Ages come from the kernel's boot clock, this backend's "server clock":
+//! one for every process of the host, never set, never stepped, and read
+//! from `/proc/uptime`, so that no per-process view of the wall clock (a
+//! `faketime`-style shim) shifts it. A record from another boot (its
+//! `boot` differs) is aged by the wall clock.
 //!
 //! The file is lines of `key=value`: `run`, `started_us`, `host`, `pid`,
-//! and once it ended `finished_us` and `exit` (times in microseconds since
+//! `boot` (the boot's id) and `boot_us` (the boot clock at the start), and
+//! once it ended `finished_us` and `exit` (wall times in microseconds since
 //! the Unix epoch).
 
 use std::io;
@@ -27,12 +33,15 @@ pub(super) fn start(lock: &Path, window: Duration, who: &Who) -> Result<RunStart
         }
     }
     let run = last.map_or(0, |(l, _)| l.run) + 1;
-    let text = format!(
+    let mut text = format!(
         "run={run}\nstarted_us={}\nhost={}\npid={}\n",
         micros(SystemTime::now()),
         one_line(&who.host),
         who.pid
     );
+    if let Some((boot, at)) = boot_clock() {
+        text.push_str(&format!("boot={boot}\nboot_us={at}\n"));
+    }
     replace(lock, SUFFIX, &text)?;
     Ok(RunStart::Due(Run { run }))
 }
@@ -71,8 +80,10 @@ pub(super) fn last(lock: &Path) -> Result<Option<(LastRun, i64)>> {
         Err(e) => return Err(io_error(format!("cannot read {}", path.display()), e)),
     };
     let f = parse(&text, &path)?;
-    let now = micros(SystemTime::now());
-    let ago = now.saturating_sub(f.started_us);
+    let ago = match (&f.boot, boot_clock()) {
+        (Some((boot, at)), Some((now_boot, now))) if *boot == now_boot => now.saturating_sub(*at),
+        _ => micros(SystemTime::now()).saturating_sub(f.started_us),
+    };
     Ok(Some((
         LastRun {
             run: f.run,
@@ -94,6 +105,9 @@ struct Fields {
     pid: u32,
     finished_us: Option<i64>,
     exit: Option<i32>,
+    /// The boot it started in and the boot clock then (absent in records
+    /// of older versions).
+    boot: Option<(String, i64)>,
 }
 
 /// A run file's fields; one missing or unreadable is an error (never a
@@ -123,7 +137,21 @@ fn parse(text: &str, path: &Path) -> Result<Fields> {
         pid: num(field("pid")).ok_or_else(bad)?,
         finished_us: opt(field("finished_us")).map_err(|()| bad())?,
         exit: opt(field("exit")).map_err(|()| bad())?,
+        boot: match (field("boot"), opt(field("boot_us")).map_err(|()| bad())?) {
+            (Some(id), Some(at)) => Some((id.to_owned(), at)),
+            _ => None,
+        },
     })
+}
+
+/// This boot's id and the boot clock in microseconds (the kernel's
+/// uptime, `CLOCK_BOOTTIME` to 10 ms, suspended time included); `None`
+/// where either cannot be read.
+fn boot_clock() -> Option<(String, i64)> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some((id.trim().to_owned(), (secs * 1e6) as i64))
 }
 
 fn micros(t: SystemTime) -> i64 {
