@@ -272,29 +272,54 @@ async fn statements_carry_the_name_and_holders_are_described() {
         "escaped name in the keepalive probe: {:?}",
         query().await
     );
-    // A wait in the server carries the name in its statement.
-    let waiter = Backend::Postgres.locker().await;
+    // A wait in the server on the waiter's own lock session goes as its
+    // try does: on a direct connection its statement is prepared and
+    // nameless (what a raw wait costs), and once granted the keepalive
+    // probe carries the name.
+    let waiter = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).keepalive(Duration::from_millis(100)))
+        .await;
     let w = tokio::spawn({
         let (waiter, name) = (waiter.clone(), name.clone());
         async move { waiter.lock(name.as_str()).await.unwrap() }
     });
+    let waiting = || async {
+        raw.query(
+            "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|q| q.contains("set_config('lock_timeout'"))
+        .collect::<Vec<_>>()
+    };
+    assert!(
+        common::eventually(Duration::from_secs(3), || async { waiting().await.len() == 1 }).await,
+        "one waiter in the server: {:?}",
+        waiting().await
+    );
+    assert!(!waiting().await[0].contains("sneaky"), "{:?}", waiting().await);
+    g.release().await.unwrap();
+    let w = w.await.unwrap();
+    let pid = waiter.holders(name.as_str()).await.unwrap()[0].pid;
     assert!(
         common::eventually(Duration::from_secs(3), || async {
-            raw.query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND query LIKE '%comment -- sneaky -- part%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-                == 1
+            let q: String = raw
+                .query_one(
+                    "SELECT query FROM pg_stat_activity WHERE pid = $1",
+                    &[&(pid as i32)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            q.contains("comment -- sneaky -- part")
         })
         .await,
-        "the waiting statement shows the name"
+        "the granted waiter's probe names the lock"
     );
-    g.release().await.unwrap();
-    w.await.unwrap().release().await.unwrap();
+    w.release().await.unwrap();
 }
 
 /// A hostile name cannot execute SQL: names only ever reach the server as

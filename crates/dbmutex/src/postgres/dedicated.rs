@@ -99,10 +99,21 @@ impl Spares {
         // bounded wait connects within its bound.
         let connect_by = if at.opts.is_try_once() { None } else { deadline };
         let comment = settings.name_comments;
+        // A lock session's wait (it has the in-process hold) is one
+        // statement ([`wait_session_one`]), and its unlock goes as the lock
+        // session's statements do (prepared on a direct connection).
+        let as_session = hold.is_some() && !at.opts.transaction;
+        let text = |c: &PgConn| match (as_session, comment) {
+            (true, _) => c.session_text(comment, at.opts.mode, &key),
+            (false, true) => Text::Named,
+            (false, false) => Text::Plain,
+        };
         // The bound is what is left of the acquisition's deadline.
         let opts = &at.opts.clone().timeout_opt(wait::remaining(deadline));
         let (conn, got) = match self.0.take() {
-            Some(c) => match wait_dedicated(&c, name, key, opts, comment).await {
+            Some(c) => match wait_dedicated(&c, name, key, opts, text(&c), as_session.then_some(comment))
+                .await
+            {
                 // A spare may have died unnoticed while idle.
                 Err(Error::Connect(_)) => {
                     c.close();
@@ -110,7 +121,8 @@ impl Spares {
                     let Some(c) = connect_within(connector, settings, connect_by).await? else {
                         return Ok(None);
                     };
-                    let got = wait_dedicated(&c, name, key, &opts, comment).await;
+                    let got =
+                        wait_dedicated(&c, name, key, &opts, text(&c), as_session.then_some(comment)).await;
                     (c, got)
                 }
                 got => (c, got),
@@ -119,10 +131,11 @@ impl Spares {
                 let Some(c) = connect_within(connector, settings, connect_by).await? else {
                     return Ok(None);
                 };
-                let got = wait_dedicated(&c, name, key, opts, comment).await;
+                let got = wait_dedicated(&c, name, key, opts, text(&c), as_session.then_some(comment)).await;
                 (c, got)
             }
         };
+        let text = text(&conn);
         match got {
             Ok(true) => Ok(Some(Box::new(DedicatedGrant::new(
                 SessionLock {
@@ -130,7 +143,7 @@ impl Spares {
                     key,
                     mode: opts.mode,
                     name: name.clone(),
-                    text: if comment { Text::Named } else { Text::Plain },
+                    text,
                 },
                 opts.transaction,
                 settings,
@@ -182,16 +195,98 @@ async fn wait_dedicated(
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
-    comment: bool,
+    text: Text,
+    session_names: Option<bool>,
 ) -> Result<bool> {
     let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
-    let got = if opts.transaction {
-        wait_xact_dedicated(conn, name, key, opts, comment).await
-    } else {
-        wait_session_dedicated(conn, name, key, opts, comment).await
+    let got = match session_names {
+        // A lock session's wait goes as its try does: prepared and nameless
+        // on a direct connection (the name then shows in the keepalive
+        // probe once granted), else with the name in a comment if names go
+        // in comments (`session_names`).
+        Some(names) if !opts.is_try_once() => {
+            wait_session_one(conn, name, key, opts, names && text != Text::Prepared).await
+        }
+        _ if opts.transaction => wait_xact_dedicated(conn, name, key, opts, text == Text::Named).await,
+        _ => wait_session_dedicated(conn, name, key, opts, text == Text::Named).await,
     };
     abandon.disarm();
     got
+}
+
+/// A lock session's wait in the server, as one statement
+/// ([`sql::bounded_wait_plain`]): with the name in a comment (parsed each
+/// time, so `pg_stat_activity` shows who waits for what), or without,
+/// prepared once per connection (name comments off).
+async fn wait_session_one(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    comment: bool,
+) -> Result<bool> {
+    conn.claim().await?;
+    if !conn.is_claimed() {
+        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+    }
+    let ms = match sql::wait_ms(opts.timeout) {
+        0 => "0".to_owned(),
+        ms => format!("{ms}ms"),
+    };
+    let params = sql::Params::of(&key, conn.owner());
+    let mut typed = params.as_typed();
+    typed.push((&ms, tokio_postgres::types::Type::TEXT));
+    let ran = if comment {
+        let sql = format!(
+            "{} /* {} */",
+            sql::bounded_wait_plain(opts.mode, &key),
+            crate::key::sql_comment(name)
+        );
+        conn.client.query_typed(&sql, &typed).await
+    } else {
+        match conn.prepared_wait(opts.mode, &key).await {
+            Ok(stmt) => {
+                let values: Vec<_> = typed.iter().map(|(v, _)| *v).collect();
+                conn.client.query(&stmt, &values).await
+            }
+            Err(e) => Err(e),
+        }
+    };
+    settle_wait(conn, name, key, opts, ran.map(|rows| rows.len() == 1)).await
+}
+
+/// What a wait statement's outcome (`Ok(false)`: it ran on a session that is
+/// not ours) means for the lock.
+async fn settle_wait(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    ran: std::result::Result<bool, tokio_postgres::Error>,
+) -> Result<bool> {
+    match ran {
+        Ok(true) => Ok(true),
+        Ok(false) => {
+            conn.moved();
+            Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+        }
+        // The server may grant the lock just as the timeout fires, and a
+        // session lock outlives the aborted statement: ask whether we hold
+        // it (then it is ours, a little late), so a spare never keeps one.
+        Err(e) if is_lock_timeout(&e) => {
+            match introspect::holds(conn, &key, opts.mode)
+                .await
+                .map_err(|e| db_err(e, name))?
+            {
+                Some(held) => Ok(held),
+                None => {
+                    conn.moved();
+                    Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+                }
+            }
+        }
+        Err(e) => Err(db_err(e, name)),
+    }
 }
 
 /// A session lock on a dedicated connection, waiting in the server.
@@ -243,30 +338,13 @@ async fn wait_session_dedicated(
         "SELECT set_config('lock_timeout', '{}ms', true), set_config('statement_timeout', '0', true); {lock}",
         sql::wait_ms(opts.timeout)
     );
-    match conn.client.simple_query(&batch).await {
-        // One row from the settings, one from the lock.
-        Ok(msgs) if row_count(&msgs) == 2 => Ok(true),
-        Ok(_) => {
-            conn.moved();
-            Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
-        }
-        // The server may grant the lock just as the timeout fires, and a
-        // session lock outlives the aborted statement: ask whether we hold
-        // it (then it is ours, a little late), so a spare never keeps one.
-        Err(e) if is_lock_timeout(&e) => {
-            match introspect::holds(conn, &key, opts.mode)
-                .await
-                .map_err(|e| db_err(e, name))?
-            {
-                Some(held) => Ok(held),
-                None => {
-                    conn.moved();
-                    Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
-                }
-            }
-        }
-        Err(e) => Err(db_err(e, name)),
-    }
+    // One row from the settings, one from the lock.
+    let ran = conn
+        .client
+        .simple_query(&batch)
+        .await
+        .map(|msgs| row_count(&msgs) == 2);
+    settle_wait(conn, name, key, opts, ran).await
 }
 
 /// A lock on a connection of its own (server-side wait or transaction lock).
@@ -300,9 +378,10 @@ impl DedicatedGrant {
         budget: budget::Slot,
         hold: Option<PgHold>,
     ) -> Self {
-        if lock.text == Text::Named {
+        if settings.name_comments {
             // The keepalive probe carries it on: `pg_stat_activity` keeps
-            // naming the lock after the wait statement.
+            // naming the lock after the wait statement (or in its place,
+            // for a prepared one).
             lock.conn.remember_name(&lock.name);
         }
         DedicatedGrant {

@@ -33,6 +33,9 @@ pub(crate) struct PgSlot {
     /// Since when (ms on the process clock, 0: not) in-process hand-offs
     /// have kept the server lock on the session without a break.
     pub(crate) parked_since_ms: AtomicU64,
+    /// When (ms on the process clock, 0: not lately) this locker last got
+    /// the key only by waiting: see [`contended_lately`].
+    pub(crate) contended_ms: AtomicU64,
 }
 
 impl SlotExt for PgSlot {
@@ -53,6 +56,24 @@ pub(crate) const REAP_AFTER: Duration = Duration::from_millis(2);
 /// The longest run of in-process hand-offs before a real unlock (so a
 /// process that keeps re-requesting a key lets another process's waiter in).
 pub(crate) const PARK_BUDGET: Duration = Duration::from_millis(20);
+
+/// How long a key that was last got by waiting counts as contended.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// Marks whether the key was just got by waiting (`true`) or by a try.
+pub(crate) fn note_contended(slot: &Slot<PgSlot>, waited: bool) {
+    let v = if waited { clock_ms() } else { 0 };
+    slot.ext.contended_ms.store(v, Ordering::Relaxed);
+}
+
+/// Whether this locker last got the key by waiting, within
+/// [`CONTENDED_FOR`]: then a try would most likely fail, and a waiter that
+/// can wait in the server on its own session goes there at once (the raw
+/// floor's one `pg_advisory_lock`, not a try and then a wait).
+pub(crate) fn contended_lately(slot: &Slot<PgSlot>) -> bool {
+    let at = slot.ext.contended_ms.load(Ordering::Relaxed);
+    at != 0 && clock_ms().saturating_sub(at) < CONTENDED_FOR.as_millis() as u64
+}
 
 /// Milliseconds on a process-wide monotonic clock, never 0.
 fn clock_ms() -> u64 {

@@ -197,6 +197,9 @@ impl PgBackend {
 /// One polling wait's session.
 pub(crate) struct Tries {
     conn: Arc<PgConn>,
+    /// Skip the first try: the key was contended lately and the session is
+    /// free to wait in the server (see `handoff::contended_lately`).
+    skip: std::sync::atomic::AtomicBool,
 }
 
 impl Backend for PgBackend {
@@ -276,7 +279,15 @@ impl Backend for PgBackend {
                 .session
                 .get(&self.connector, at.settings, &self.spares)
                 .await?;
-            Ok(Tries { conn })
+            let skip = !at.opts.is_try_once()
+                && at.hold.as_ref().is_some_and(|h| handoff::contended_lately(h.slot()))
+                // Before the tries take their reference: only `conn` here
+                // holds it besides the lock session's own slot.
+                && Arc::strong_count(&conn) == 2;
+            Ok(Tries {
+                conn,
+                skip: skip.into(),
+            })
         }
     }
 
@@ -304,8 +315,14 @@ impl Backend for PgBackend {
                     .hold
                     .as_ref()
                     .is_some_and(|h| handoff::take_parked(h.slot(), lock.conn.id));
+            if !parked && tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                return Ok(None);
+            }
             if !parked && !lock.try_lock().await? {
                 return Ok(None);
+            }
+            if let Some(h) = &at.hold {
+                handoff::note_contended(h.slot(), false);
             }
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);
@@ -344,7 +361,12 @@ impl Backend for PgBackend {
                 .take()
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
             let hold = at.hold.take();
-            self.spares.acquire(&self.connector, at, ticket, hold).await
+            let slot = hold.as_ref().map(|h| h.slot().clone());
+            let got = self.spares.acquire(&self.connector, at, ticket, hold).await?;
+            if let (Some(slot), true) = (slot, got.is_some()) {
+                handoff::note_contended(&slot, true);
+            }
+            Ok(got)
         }
     }
 

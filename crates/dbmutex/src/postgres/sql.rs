@@ -106,6 +106,26 @@ pub(crate) fn bound_plain<'a>(
     (sql, params)
 }
 
+/// A session-lock wait bounded by its own `lock_timeout` in one statement:
+/// `SELECT set_config('lock_timeout', $t, true), set_config(
+/// 'statement_timeout', '0', true), fn($1[, $2]) WHERE <guard>`, the same
+/// text for every name (prepared once per connection), the timeout (`"Nms"`,
+/// `"0"`: none) bound last. In autocommit the statement is its own
+/// transaction, so the settings end with it; the target list is evaluated
+/// in order, so they apply to the wait (observed: DB-FACTS.md).
+pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey) -> String {
+    let f = function(Call::Wait, false, mode);
+    let (args, owner, timeout) = match key {
+        PgKey::Pair(..) => ("$1, $2", "$3", "$4"),
+        PgKey::Big(_) => ("$1", "$2", "$3"),
+    };
+    format!(
+        "SELECT set_config('lock_timeout', {timeout}, true), set_config('statement_timeout', '0', true), \
+         {f}({args}) WHERE {}",
+        guard(false, key, owner)
+    )
+}
+
 /// `SELECT fn($1[, $2]) WHERE <guard>` with the claim token inlined, for a
 /// server-side `PREPARE` (the token is hex digits: nothing to escape).
 pub(crate) fn prepared_body(call: Call, mode: Mode, key: &PgKey, owner: &str) -> String {

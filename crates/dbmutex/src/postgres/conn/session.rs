@@ -319,6 +319,37 @@ impl PgConn {
         Ok(s)
     }
 
+    /// [`sql::bounded_wait_plain`] for `mode` and `key`'s form, prepared on
+    /// first use and cached for the connection.
+    pub(crate) async fn prepared_wait(
+        &self,
+        mode: Mode,
+        key: &PgKey,
+    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        let id = (Call::Wait, mode, matches!(key, PgKey::Big(_)));
+        let cached = self
+            .statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned();
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        let (_, params) = sql::bound_plain(Call::Wait, false, mode, key, "");
+        let mut types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+        types.push(tokio_postgres::types::Type::TEXT);
+        let s = self
+            .client
+            .prepare_typed(&sql::bounded_wait_plain(mode, key), &types)
+            .await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, s.clone());
+        Ok(s)
+    }
+
     async fn prepare_one(
         &self,
         call: Call,
