@@ -55,7 +55,8 @@ pub(crate) async fn room_for_connection(conn: &PgConn) -> bool {
     match conn.client.query_typed(sql, &[]).await {
         Ok(rows) => rows.first().is_some_and(|r| {
             let (max, free): (i32, i32) = (r.get(0), r.get(1));
-            i64::from(free) - 1 >= CONNECTION_RESERVE.max(i64::from(max) / 10)
+            // One more of ours must leave the reserve free.
+            i64::from(free) > CONNECTION_RESERVE.max(i64::from(max) / 10)
         }),
         Err(e) => {
             tracing::debug!(error = %e, "dbmutex: cannot count the server's free connections; polling instead");

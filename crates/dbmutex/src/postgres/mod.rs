@@ -152,7 +152,8 @@ impl PgBackend {
         // is all it takes. Anything else gets the behavioural check on a
         // second connection, even when a claim already told: it is what
         // finds a statement pooler (which refuses its BEGIN).
-        let check = !settings.skip_pooler_check && !(session.is_claimed() && session.is_direct());
+        let direct = session.is_claimed() && session.is_direct();
+        let check = !(settings.skip_pooler_check || direct);
         let other = match check {
             true => Some(backend.connector.connect(settings, true).await?),
             false => None,
