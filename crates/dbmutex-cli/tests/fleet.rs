@@ -242,14 +242,11 @@ fn partition() {
     }
 }
 
-/// The partition scenario on one server: a holder through 127.0.0.2 is cut
-/// off; it is told first (exit 70, its command stopped), then the server
-/// frees the lock and a contender through 127.0.0.1 gets it — within the
-/// default bound (10 s) of the cut, plus the contender's own start.
-fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
-    let dir = tempfile_dir("fleet-partition");
+/// A `dbmutex run` holding `name` for two minutes, returned once its
+/// command has started.
+fn start_holder(url: &str, name: &str, dir: &std::path::Path) -> Child {
     let marker = dir.join("holding");
-    let mut holder = dbmutex(holder_url)
+    let holder = dbmutex(url)
         .args(["run", name, "--", "sh", "-c"])
         .arg(format!("touch {}; sleep 120", marker.display()))
         .stderr(Stdio::piped())
@@ -260,6 +257,16 @@ fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
         assert!(Instant::now() < until, "the holder never started its command");
         std::thread::sleep(Duration::from_millis(20));
     }
+    holder
+}
+
+/// The partition scenario on one server: a holder through 127.0.0.2 is cut
+/// off; it is told first (exit 70, its command stopped), then the server
+/// frees the lock and a contender through 127.0.0.1 gets it — within the
+/// default bound (10 s) of the cut, plus the contender's own start.
+fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
+    let dir = tempfile_dir("fleet-partition");
+    let mut holder = start_holder(holder_url, name, &dir);
     // Let the holder settle into its keepalive rhythm.
     std::thread::sleep(Duration::from_millis(500));
     partition();
@@ -315,18 +322,7 @@ fn a_partitioned_holder_loses_its_lock_on_the_mariadb_server() {
 /// instead of going on as if it held the lock.
 fn frozen_holder(url: &str, name: &str) {
     let dir = tempfile_dir(&format!("fleet-frozen-{name}"));
-    let marker = dir.join("holding");
-    let mut holder = dbmutex(url)
-        .args(["run", name, "--", "sh", "-c"])
-        .arg(format!("touch {}; sleep 120", marker.display()))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
-    while !marker.exists() {
-        assert!(Instant::now() < until, "the holder never started its command");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut holder = start_holder(url, name, &dir);
     let pid = holder.id() as i32;
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);

@@ -227,6 +227,17 @@ async fn gem_interop() {
     g.release().await.unwrap();
 }
 
+/// The statement the backend `pid` runs or ran last (`pg_stat_activity`).
+async fn current_query(raw: &tokio_postgres::Client, pid: i64) -> String {
+    raw.query_one(
+        "SELECT query FROM pg_stat_activity WHERE pid = $1",
+        &[&(pid as i32)],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// Lock statements carry the name in a comment, visible in pg_stat_activity,
 /// and holders() reports who holds what.
 #[tokio::test]
@@ -248,17 +259,7 @@ async fn statements_carry_the_name_and_holders_are_described() {
     assert!(h.client.as_deref().unwrap().starts_with("127.0.0.1:"), "{h:?}");
     assert!(h.since.is_some());
     let raw = pg_raw().await;
-    let query = || async {
-        let q: String = raw
-            .query_one(
-                "SELECT query FROM pg_stat_activity WHERE pid = $1",
-                &[&(h.pid as i32)],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        q
-    };
+    let query = || current_query(&raw, h.pid);
     // The lock statement is prepared and nameless (it costs what a raw one
     // does); the session's keepalive probe, once it has been quiet for the
     // keepalive period, carries the escaped name.
@@ -306,15 +307,9 @@ async fn statements_carry_the_name_and_holders_are_described() {
     let pid = waiter.holders(name.as_str()).await.unwrap()[0].pid;
     assert!(
         common::eventually(Duration::from_secs(3), || async {
-            let q: String = raw
-                .query_one(
-                    "SELECT query FROM pg_stat_activity WHERE pid = $1",
-                    &[&(pid as i32)],
-                )
+            current_query(&raw, pid)
                 .await
-                .unwrap()
-                .get(0);
-            q.contains("comment -- sneaky -- part")
+                .contains("comment -- sneaky -- part")
         })
         .await,
         "the granted waiter's probe names the lock"
@@ -629,20 +624,7 @@ async fn prepared_statements_without_name_comments() {
 #[tokio::test]
 async fn dedicated_connections_honour_name_comments() {
     let raw = pg_raw().await;
-    let last_query = |pid: i64| {
-        let raw = &raw;
-        async move {
-            let q: String = raw
-                .query_one(
-                    "SELECT query FROM pg_stat_activity WHERE pid = $1",
-                    &[&(pid as i32)],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            q
-        }
-    };
+    let last_query = |pid: i64| current_query(&raw, pid);
     for comments in [true, false] {
         let l = Backend::Postgres
             .connect(Locker::builder(&pg_url()).name_comments(comments))

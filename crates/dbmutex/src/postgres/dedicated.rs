@@ -214,6 +214,16 @@ async fn wait_dedicated(
     got
 }
 
+/// Claims `conn`'s server session (see `conn/claim.rs`); a session lock on
+/// one that another client claimed would not exclude anyone.
+async fn claimed(conn: &Arc<PgConn>) -> Result<()> {
+    conn.claim().await?;
+    if !conn.is_claimed() {
+        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+    }
+    Ok(())
+}
+
 /// A lock session's wait in the server, as one statement
 /// ([`sql::bounded_wait_plain`]): with the name in a comment (parsed each
 /// time, so `pg_stat_activity` shows who waits for what), or without,
@@ -225,10 +235,7 @@ async fn wait_session_one(
     opts: &LockOptions,
     comment: bool,
 ) -> Result<bool> {
-    conn.claim().await?;
-    if !conn.is_claimed() {
-        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
-    }
+    claimed(conn).await?;
     let ms = match sql::wait_ms(opts.timeout) {
         0 => "0".to_owned(),
         ms => format!("{ms}ms"),
@@ -297,10 +304,7 @@ async fn wait_session_dedicated(
     opts: &LockOptions,
     comment: bool,
 ) -> Result<bool> {
-    conn.claim().await?;
-    if !conn.is_claimed() {
-        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
-    }
+    claimed(conn).await?;
     if opts.is_try_once() {
         let (sql, params) = sql::bound(
             Call::Try,
