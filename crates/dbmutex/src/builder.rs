@@ -233,7 +233,10 @@ impl LockerBuilder {
     /// there (a lock won by a wait in the server keeps the connection it
     /// waited on until released). On MySQL it is the clean connections kept
     /// for the next lock (each held lock keeps its own). A connection in use
-    /// is never closed for this; the next need opens a new one.
+    /// is never closed for this; the next need opens a new one. It is at
+    /// most half the server's bound for idle sessions
+    /// ([`dead_peer_timeout`](Self::dead_peer_timeout), 5 s by default), so
+    /// dbmutex closes an idle connection before the server cuts it off.
     ///
     /// ```
     /// # use std::time::Duration;

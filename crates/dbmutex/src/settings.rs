@@ -45,4 +45,11 @@ impl Settings {
     pub(crate) fn server_dead_peer_bound(&self) -> Duration {
         self.dead_peer_timeout.max(self.holder_bound() * 2)
     }
+
+    /// How long an idle connection without a keepalive probe (a spare, the
+    /// side connection) is kept: `idle_timeout`, but well before the
+    /// server's own cut-off for idle sessions, so we close it first.
+    pub(crate) fn idle_limit(&self) -> Duration {
+        self.idle_timeout.min(self.server_dead_peer_bound() / 2)
+    }
 }

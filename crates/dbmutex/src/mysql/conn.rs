@@ -92,8 +92,7 @@ impl Connector {
             // Unused past the locker's idle timeout, a connection is closed
             // (a middlebox may have dropped it silently, and a quiet locker
             // keeps none).
-            // Well before the server's own cut-off for idle sessions.
-            idle: Arc::new(Idle::new(IDLE_MAX, Some(settings.idle_timeout.min(bound / 2)))),
+            idle: Arc::new(Idle::new(IDLE_MAX, Some(settings.idle_limit()))),
         })
     }
 

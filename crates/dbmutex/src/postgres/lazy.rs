@@ -123,7 +123,7 @@ pub(crate) struct Side {
 impl Side {
     pub(crate) fn new(connector: Connector, settings: Settings) -> Self {
         Side {
-            conn: Arc::new(Idle::new(1, Some(settings.idle_timeout))),
+            conn: Arc::new(Idle::new(1, Some(settings.idle_limit()))),
             gate: tokio::sync::Mutex::new(()),
             connector,
             settings,

@@ -134,7 +134,7 @@ impl PgBackend {
             arbiter: Arc::default(),
             shared_sessions: false,
             skip_pooler_check: settings.skip_pooler_check,
-            spares: Spares::new(settings.idle_timeout),
+            spares: Spares::new(settings.idle_limit()),
             // Until the first connection reads the server's settings.
             names: Arc::default(),
             budget: budget::Budget::new(conn::LockTable {
