@@ -393,11 +393,18 @@ async fn local_window_is_on_the_hosts_clock() {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_micros() as i64;
+        // The local backend's clock is the boot clock (`boot_us`), the
+        // wall-clock start (`started_us`) only for show: both move.
         let shifted: String = text
             .lines()
-            .map(|l| match l.strip_prefix("started_us=") {
-                Some(_) => format!("started_us={}\n", now + secs * 1_000_000),
-                None => format!("{l}\n"),
+            .map(|l| {
+                if l.starts_with("started_us=") {
+                    format!("started_us={}\n", now + secs * 1_000_000)
+                } else if let Some(at) = l.strip_prefix("boot_us=") {
+                    format!("boot_us={}\n", at.parse::<i64>().unwrap() + secs * 1_000_000)
+                } else {
+                    format!("{l}\n")
+                }
             })
             .collect();
         assert_ne!(text, shifted);

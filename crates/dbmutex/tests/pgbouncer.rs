@@ -303,7 +303,13 @@ async fn contend_with(
         let (inside, overlaps) = (inside.clone(), overlaps.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen = Seen::default();
-            let mut builder = Locker::builder(&url).keepalive(Duration::from_millis(100));
+            // 40 clients connect at once through 2 server sessions, and
+            // each connect's pooler checks (pid questions, the reset-query
+            // probe's watch of up to 2 s) wait their turn for one: on a
+            // loaded machine that outlasts the default 5 s.
+            let mut builder = Locker::builder(&url)
+                .keepalive(Duration::from_millis(100))
+                .connect_timeout(Duration::from_secs(30));
             if unchecked {
                 builder = builder.skip_pooler_check_for_tests();
             }

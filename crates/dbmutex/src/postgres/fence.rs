@@ -132,8 +132,9 @@ pub(super) fn failed(
 }
 
 /// `CREATE TABLE IF NOT EXISTS`, which two sessions racing may both run:
-/// the loser fails on the catalog's unique index (23505) or finds the
-/// table (42P07); either way the table is there.
+/// the loser fails on the catalog's unique index (23505), on the table's
+/// row type (42710, "type already exists") or finds the table (42P07);
+/// either way the table is there.
 ///
 /// Refused while a `dbmutex_fence` outside `public` is on the
 /// `search_path`: earlier versions issued tokens there, and a new table
@@ -170,9 +171,13 @@ pub(super) async fn create_table(conn: &PgConn, sql: &str, help: fn(&str) -> Str
     match conn.client.batch_execute(sql).await {
         Ok(()) => Ok(()),
         Err(e)
-            if [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE]
-                .iter()
-                .any(|c| e.code() == Some(c)) =>
+            if [
+                SqlState::UNIQUE_VIOLATION,
+                SqlState::DUPLICATE_TABLE,
+                SqlState::DUPLICATE_OBJECT,
+            ]
+            .iter()
+            .any(|c| e.code() == Some(c)) =>
         {
             Ok(())
         }
