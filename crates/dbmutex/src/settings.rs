@@ -31,6 +31,8 @@ pub(crate) struct Settings {
     pub(crate) metrics_name_label: bool,
 }
 
+// Only the server backends have peers to lose.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 impl Settings {
     /// How long a connection may stay silent before its holder is told it
     /// lost its locks: the keepalive probe's bound.
