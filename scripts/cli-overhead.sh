@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What `dbmutex run` adds to the command it wraps: the median wall time of
-# `true`, `flock FILE true` and `dbmutex run NAME -- true`, on each backend,
-# measured in the same run. Prints one JSON object per backend.
+# `true`, `flock FILE true`, the database's own client taking the same lock
+# (`psql -c "SELECT pg_try_advisory_lock(..)"`, `mariadb -e "SELECT
+# GET_LOCK(..)"`; none for local) and `dbmutex run NAME -- true`, on each
+# backend, measured in the same run. Prints one JSON object per backend.
 #
 # Usage: scripts/cli-overhead.sh [RUNS]          (default 200 runs per command)
 #
@@ -58,24 +60,44 @@ use_backend() {
   esac
 }
 
+# client_us BACKEND: the database's own command-line client taking a lock
+# and leaving (its disconnect releases it), in microseconds; nothing for
+# local, or when the client is not installed.
+client_us() {
+  case $1 in
+    postgres) if command -v psql >/dev/null; then
+      elapsed_us psql -X -q -At -c "SELECT pg_try_advisory_lock(4242)" "$pg_url"
+    fi ;;
+    mysql) local c; c=$(command -v mariadb || command -v mysql) || return 0
+      # mysql://user[:pass]@host:port/db, the one shape this script's default has.
+      local rest=${mysql_url#mysql://} user host port
+      user=${rest%%@*} && rest=${rest#*@} && host=${rest%%:*} && port=${rest#*:} && port=${port%%/*}
+      elapsed_us "$c" -u"${user%%:*}" -h "$host" -P "$port" --protocol=tcp -N -e "SELECT GET_LOCK('cli-overhead', 0)" ;;
+  esac
+}
+
 for backend in ${BACKENDS:-local postgres mysql}; do
   if ! (use_backend "$backend" && "$dbmutex" run -n "$name" -- "$true_bin"); then
     echo "cli-overhead.sh: dbmutex run fails on the $backend backend" >&2
     exit 1
   fi
   # Interleaved, so that load from elsewhere weighs on all three alike.
-  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex"
+  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client"
   for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
     a=$(elapsed_us "$true_bin")
     b=$(elapsed_us flock "$work/flock" "$true_bin")
     c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
+    d=$(client_us "$backend")
     if ((i >= 0)); then
       echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
+      [ -z "$d" ] || echo "$d" >>"$work/t_client"
     fi
   done
   t_true=$(median_ms <"$work/t_true")
   t_flock=$(median_ms <"$work/t_flock")
   t_dbmutex=$(median_ms <"$work/t_dbmutex")
-  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"dbmutex_run_ms":%s}\n' \
-    "$backend" "$runs" "$t_true" "$t_flock" "$t_dbmutex"
+  t_client=null
+  [ ! -s "$work/t_client" ] || t_client=$(median_ms <"$work/t_client")
+  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"db_client_ms":%s,"dbmutex_run_ms":%s}\n' \
+    "$backend" "$runs" "$t_true" "$t_flock" "$t_client" "$t_dbmutex"
 done

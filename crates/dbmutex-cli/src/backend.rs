@@ -1,9 +1,19 @@
 //! Which backend to use, and connecting to it.
 
+use std::time::Duration;
+
 use dbmutex::{redact_url, BackendKind, Locker, LockerBuilder, Prefix};
 
 use crate::cli::Global;
 use crate::exit::{Failure, CONFIG, UNAVAILABLE};
+
+/// How long connecting may take, unless a wait allows longer (the
+/// library's default).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a connect may take for a command that waits for ever: an
+/// hour in a pooler's queue is a pooler that is not coming back.
+pub const CONNECT_FOREVER: Duration = Duration::from_secs(3600);
 
 /// The `application_name` our connections show in `pg_stat_activity`, so
 /// `dbmutex list` and the waiting notice can tell CLI holders apart.
@@ -62,6 +72,22 @@ impl Target {
 
     /// Connects (database backends) or opens the lock directory (local).
     pub async fn connect(&self) -> Result<Locker, Failure> {
+        self.connect_within(None).await
+    }
+
+    /// [`connect`](Self::connect) for a command that will wait up to `wait`
+    /// for its lock (`None`: for ever): a pooler that queues new
+    /// connections (PgBouncer with every server session busy) is waited
+    /// for within that bound, at least [`CONNECT_TIMEOUT`], at most
+    /// [`CONNECT_FOREVER`], instead of failing at the connect timeout long
+    /// before the wait's own end. A server that refuses the connection
+    /// still fails at once.
+    pub async fn connect_for_wait(&self, wait: Option<Duration>) -> Result<Locker, Failure> {
+        let bound = wait.map_or(CONNECT_FOREVER, |w| w.clamp(CONNECT_TIMEOUT, CONNECT_FOREVER));
+        self.connect_within(Some(bound)).await
+    }
+
+    async fn connect_within(&self, bound: Option<Duration>) -> Result<Locker, Failure> {
         let builder: LockerBuilder = match &self.url {
             Some(u) => Locker::builder(u),
             None => Locker::local_builder(None),
@@ -71,6 +97,7 @@ impl Target {
             Some(p) => builder.prefix(p.clone()),
             None => builder,
         };
+        let builder = builder.connect_timeout(bound.unwrap_or(CONNECT_TIMEOUT));
         builder.connect().await.map_err(|e| {
             let mut f = Failure::from(e);
             if f.code == UNAVAILABLE {

@@ -213,6 +213,9 @@ pub struct RunArgs {
     pub no_wait: bool,
 
     /// Wait at most DURATION (2.5, 250ms, 2s, 1m, 1h; 0 = --no-wait). Default: forever.
+    /// The bound covers connecting: a pooler that queues the connection is
+    /// waited for within it (at least 5 s, at most 1 h); a refused
+    /// connection fails at once.
     #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     pub timeout: Option<Duration>,
 

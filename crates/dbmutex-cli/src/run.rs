@@ -253,8 +253,10 @@ async fn connect_and_take(
     notices: Notices,
     slots: Option<u32>,
 ) -> Result<Option<(Locker, LockGuard)>, Failure> {
-    let locker = target.connect().await?;
     let start = tokio::time::Instant::now();
+    let locker = target.connect_for_wait(wait).await?;
+    // `-w` bounds the whole wait: the connect spent part of it.
+    let wait = wait.map(|w| w.saturating_sub(start.elapsed()));
     let acquire = async {
         acquire(&locker, name, opts, wait, slots)
             .await

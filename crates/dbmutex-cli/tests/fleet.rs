@@ -10,6 +10,8 @@
 //! drop every packet to or from 127.0.0.2 without a reset, while the
 //! contender reaches the server through 127.0.0.1.
 
+#[path = "../../dbmutex/tests/common/pgbouncer.rs"]
+mod pgbouncer;
 #[path = "../../dbmutex/tests/common/private.rs"]
 mod private;
 #[path = "../../dbmutex/tests/common/private_mariadb.rs"]
@@ -177,6 +179,109 @@ fn a_waiter_rides_out_a_server_restart() {
     let mut err = String::new();
     std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
     assert!(status.success(), "{status}: {err}");
+}
+
+/// A MariaDB restart while a process waits: the waiter reconnects and
+/// waits on until its own bound, and gets the lock once the server is back
+/// (the restart ended the raw holder's session, and its lock).
+#[test]
+fn a_waiter_rides_out_a_mariadb_restart() {
+    use mysql_async::prelude::Queryable;
+    let my = PrivateMariaDb::start(&[]);
+    let name = "fleet-restart-my";
+    let rt = rt();
+    let mut raw = rt.block_on(my.raw());
+    let lock_name = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
+    let got: Option<i64> = rt
+        .block_on(raw.query_first(format!("SELECT GET_LOCK('{lock_name}', 0)")))
+        .unwrap();
+    assert_eq!(got, Some(1));
+    let mut waiter = dbmutex(&my.url())
+        .args(["run", "-w", "60", name, "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiting_sql = "SELECT count(*) FROM information_schema.processlist WHERE state = 'User lock'";
+    let until = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(raw.query_first::<i64, _>(waiting_sql)).unwrap() < Some(1) {
+        assert!(Instant::now() < until, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The holder's session stays open until the restart ends it.
+    let restarted = Instant::now();
+    my.restart();
+    drop(raw);
+    let status =
+        wait_exit(&mut waiter, Duration::from_secs(40)).expect("the waiter finishes after the restart");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    println!(
+        "mariadb restart: the waiter got the lock {:?} after the restart began",
+        restarted.elapsed()
+    );
+    assert!(status.success(), "{status}: {err}");
+}
+
+/// Behind a PgBouncer whose every server session is taken, a new
+/// connection queues in the pooler. `run -w 30` waits there within its own
+/// bound (not the 5 s connect timeout) and gets the lock once a session
+/// frees; `-w` counts the connect too.
+#[test]
+fn a_waiter_queued_in_pgbouncer_waits_within_its_own_bound() {
+    // Multi-threaded: the raw clients' connections must close when dropped
+    // while the test thread sleeps.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let bouncer = rt.block_on(pgbouncer::PgBouncer::start("session"));
+    // Both server sessions of the pool, held for 8 s by raw clients.
+    let a = rt.block_on(bouncer.raw());
+    let b = rt.block_on(bouncer.raw());
+    rt.block_on(a.simple_query("SELECT 1")).unwrap();
+    rt.block_on(b.simple_query("SELECT 1")).unwrap();
+    let started = Instant::now();
+    let mut waiter = dbmutex(&bouncer.url())
+        .args(["run", "-w", "30", "fleet-pooler-queue", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the waiter gave up while queued in the pooler"
+    );
+    drop((a, b));
+    let status = wait_exit(&mut waiter, Duration::from_secs(30)).expect("the waiter finishes");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    println!(
+        "pgbouncer queue: the waiter finished after {:?}",
+        started.elapsed()
+    );
+    assert!(status.success(), "{status}: {err}\n{}", bouncer.log());
+    // And -w still bounds it: with the pool taken for good, -w 6 gives up
+    // within about its bound, not at an hour.
+    let a = rt.block_on(bouncer.raw());
+    let b = rt.block_on(bouncer.raw());
+    rt.block_on(a.simple_query("SELECT 1")).unwrap();
+    rt.block_on(b.simple_query("SELECT 1")).unwrap();
+    let started = Instant::now();
+    let out = dbmutex(&bouncer.url())
+        .args(["run", "-w", "6", "fleet-pooler-queue", "--", "true"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(12),
+        "-w 6 took {took:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// For the PgBouncer helper: a name unique to this process and call.
+fn unique(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t-{tag}-{}-{n}", std::process::id())
 }
 
 fn tempfile_dir(tag: &str) -> std::path::PathBuf {

@@ -34,6 +34,8 @@ pub struct PrivateMariaDb {
     instance: Instance,
     port: u16,
     server: Mutex<Option<Child>>,
+    /// The extra `mariadbd` options, for a restart.
+    options: Vec<String>,
 }
 
 fn program(name: &str) -> PathBuf {
@@ -62,6 +64,7 @@ impl PrivateMariaDb {
             instance,
             port: 0,
             server: Mutex::new(None),
+            options: options.iter().map(|o| o.to_string()).collect(),
         };
         let mut install = Command::new(program("mariadb-install-db"));
         install
@@ -74,33 +77,7 @@ impl PrivateMariaDb {
         run(install, "mariadb-install-db", String::new);
         for attempt in 1..=5 {
             my.port = free_port();
-            let log = std::fs::File::create(dir.join("log")).unwrap();
-            let mut cmd = Command::new(program("mariadbd"));
-            cmd.arg("--no-defaults")
-                .arg(format!("--datadir={}", dir.join("data").display()))
-                .arg(format!("--socket={}", dir.join("sock").display()))
-                .arg(format!("--pid-file={}", dir.join("pid").display()))
-                .arg(format!("--port={}", my.port))
-                .args([
-                    "--bind-address=127.0.0.1",
-                    "--skip-name-resolve",
-                    "--skip-log-bin",
-                    "--innodb-buffer-pool-size=16M",
-                    "--innodb-log-file-size=4M",
-                    "--max-connections=200",
-                ])
-                .args(options);
-            if is_root() {
-                cmd.arg("--user=mysql");
-            }
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start mariadbd ({cmd:?}): {e}"));
-            *my.server.lock().unwrap() = Some(child);
-            match my.wait_until_up() {
+            match my.spawn_server() {
                 Ok(()) => break,
                 Err(status) => {
                     let log = my.log();
@@ -120,6 +97,60 @@ impl PrivateMariaDb {
             .args(["-e", "CREATE DATABASE test"]);
         run(create, "CREATE DATABASE test", || my.log());
         my
+    }
+
+    /// Starts `mariadbd` on `self.port` and waits until it answers (Ok) or
+    /// exits (Err, its status).
+    fn spawn_server(&self) -> Result<(), String> {
+        let dir = self.instance.dir();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("log"))
+            .unwrap();
+        let mut cmd = Command::new(program("mariadbd"));
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--socket={}", dir.join("sock").display()))
+            .arg(format!("--pid-file={}", dir.join("pid").display()))
+            .arg(format!("--port={}", self.port))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--skip-name-resolve",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=16M",
+                "--innodb-log-file-size=4M",
+                "--max-connections=200",
+            ])
+            .args(&self.options);
+        if is_root() {
+            cmd.arg("--user=mysql");
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start mariadbd ({cmd:?}): {e}"));
+        *self.server.lock().unwrap() = Some(child);
+        self.wait_until_up()
+    }
+
+    /// Stops the server cleanly (SIGTERM: every session ends, as in a
+    /// restart by the service manager) and starts it again on the same
+    /// port, with the same options. Panics when it does not come back.
+    pub fn restart(&self) {
+        if let Some(mut child) = self.server.lock().unwrap().take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+        if let Err(status) = self.spawn_server() {
+            panic!(
+                "private MariaDB did not restart ({status}); its log:\n{}",
+                self.log()
+            );
+        }
     }
 
     /// Polls with the `mariadb` client until the server answers (Ok), or
