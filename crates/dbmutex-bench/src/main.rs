@@ -3,6 +3,7 @@
 
 mod backend;
 mod clients;
+mod cycles;
 mod fairness;
 mod fleet;
 mod floor;
@@ -94,6 +95,12 @@ struct Cli {
     fleet_end_ms: u64,
     #[arg(long, hide = true, default_value = "")]
     fleet_app: String,
+    /// `cycles`: how many lock cycles.
+    #[arg(long, default_value_t = 2000)]
+    cycles: u64,
+    /// `cycles`: which client.
+    #[arg(long, value_enum, default_value_t = cycles::Side::Dbmutex)]
+    cycle_side: cycles::Side,
     /// One JSON object per line per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -128,6 +135,10 @@ enum Scenario {
     /// One process of `fleet` (started by it).
     #[value(hide = true)]
     FleetWorker,
+    /// `--cycles` lock cycles of one `--cycle-side` client in a runtime of
+    /// one thread, printing nothing: what `scripts/callgrind.sh` counts
+    /// instructions of (not part of `all`).
+    Cycles,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -142,6 +153,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.scenario == Scenario::FleetWorker {
         return fleet_worker(&cli);
+    }
+    if cli.scenario == Scenario::Cycles {
+        return cycles_run(&cli);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -185,6 +199,29 @@ fn fleet_worker(cli: &Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dbmutex-bench: fleet worker: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cycles`: one client, one thread, no output but errors.
+fn cycles_run(cli: &Cli) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dbmutex-bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = async {
+        let kind = backend::kind_of(&cli.database_url)?;
+        let url = backend::run_url(&cli.database_url, kind);
+        cycles::cycles(kind, &url, cli.cycle_side, cli.cycles).await
+    };
+    match rt.block_on(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dbmutex-bench: cycles: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -302,7 +339,7 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
         Scenario::Foreign => fairness::foreign(env).await?,
         Scenario::Paired => vec![paired::paired(env, env.p.drop_release).await?],
         Scenario::Fleet => fleet::fleet(env, env.p.procs, env.p.names).await?,
-        Scenario::FleetWorker => unreachable!("run by main"),
+        Scenario::FleetWorker | Scenario::Cycles => unreachable!("run by main"),
         Scenario::All => unreachable!("expanded into a plan"),
     })
 }
