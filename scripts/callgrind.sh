@@ -20,6 +20,7 @@ url=${1:-${DBMUTEX_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}}
 cycles=${CYCLES:-2000}
 sides=${SIDES:-"raw dbmutex dbmutex-drop"}
 out=${OUT:-$(mktemp -d -t dbmutex-callgrind.XXXXXX)}
+mkdir -p "$out"
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
 cargo build -q --profile profiling -p dbmutex-bench
 bench=${CARGO_TARGET_DIR:-target}/profiling/dbmutex-bench

@@ -211,14 +211,20 @@ impl<B: Backend> Pipeline<B> {
         let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
         let mut told = false;
         loop {
-            let attempt = self.grant_once(name, key, opts, deadline);
+            // Retries are rare: boxed, so the first attempt's future is the
+            // only one inline (a future this size is moved on every
+            // acquisition).
             let r = match (told, deadline) {
                 // A retry's connect must not outlast the caller's bound.
-                (true, Some(d)) => match tokio::time::timeout_at(d, attempt).await {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
-                },
-                _ => attempt.await,
+                (true, Some(d)) => {
+                    match tokio::time::timeout_at(d, Box::pin(self.grant_once(name, key, opts, deadline)))
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => return Ok(None),
+                    }
+                }
+                _ => self.grant_once(name, key, opts, deadline).await,
             };
             match r {
                 Err(e) if matches!(e, Error::Connect(_)) && !opts.is_try_once() => {
@@ -265,11 +271,14 @@ impl<B: Backend> Pipeline<B> {
             ticket: Some(ticket),
             enclosing: super::scope::enclosing(self.id),
         };
+        // The waits are boxed: only the first try is inline in the
+        // acquisition's future, which stays small (it is moved on every
+        // acquisition); a wait costs one allocation besides.
         match plan.wait {
-            WaitIn::Server => self.backend.wait_in_server(&mut at).await,
+            WaitIn::Server => Box::pin(self.backend.wait_in_server(&mut at)).await,
             WaitIn::Poll { max_backoff } => {
                 let tries = self.backend.prepare(&at).await?;
-                self.poll(&tries, &mut at, max_backoff).await
+                Box::pin(self.poll(&tries, &mut at, max_backoff)).await
             }
             WaitIn::TryThenServer { max_backoff } => {
                 let tries = self.backend.prepare(&at).await?;
@@ -279,26 +288,36 @@ impl<B: Backend> Pipeline<B> {
                 if opts.is_try_once() || at.deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Ok(None);
                 }
-                // A permit (the locker's bound on server waits) and a
-                // connection to wait on; without either, poll. The tries go
-                // first: the backend may wait on their own session.
+                // The tries go first: the backend may wait on their own
+                // session.
                 drop(tries);
-                let permit = match self.server_waits.clone().try_acquire_owned() {
-                    Ok(p) if self.backend.ready_to_wait(&at).await? => p,
-                    _ => {
-                        let tries = self.backend.prepare(&at).await?;
-                        return self.poll(&tries, &mut at, max_backoff).await;
-                    }
-                };
-                let g = self.backend.wait_in_server(&mut at).await?;
-                Ok(g.map(|grant| {
-                    Box::new(Permitted {
-                        grant,
-                        _permit: permit,
-                    }) as Box<dyn Grant>
-                }))
+                Box::pin(self.wait_after_try(&mut at, max_backoff)).await
             }
         }
+    }
+
+    /// [`WaitIn::TryThenServer`] once the try failed: a permit (the
+    /// locker's bound on server waits) and a connection to wait on, then
+    /// the wait in the server; without either, poll.
+    async fn wait_after_try(
+        &self,
+        at: &mut Attempt<'_, B>,
+        max_backoff: std::time::Duration,
+    ) -> Result<Option<Box<dyn Grant>>> {
+        let permit = match self.server_waits.clone().try_acquire_owned() {
+            Ok(p) if self.backend.ready_to_wait(at).await? => p,
+            _ => {
+                let tries = self.backend.prepare(at).await?;
+                return self.poll(&tries, at, max_backoff).await;
+            }
+        };
+        let g = self.backend.wait_in_server(at).await?;
+        Ok(g.map(|grant| {
+            Box::new(Permitted {
+                grant,
+                _permit: permit,
+            }) as Box<dyn Grant>
+        }))
     }
 
     /// Tries until granted or the deadline passed, pausing with backoff,

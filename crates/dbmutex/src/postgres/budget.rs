@@ -140,6 +140,22 @@ impl Budget {
         if let Some(slot) = self.admit() {
             return Ok(slot);
         }
+        // Boxed: the count is rare, and its future (a connect inside) is
+        // large; inline it would be moved with every acquisition's.
+        Box::pin(self.count_and_reserve(within, probe)).await
+    }
+
+    /// [`reserve`](Self::reserve) once the allowance is spent: counts the
+    /// server's lock table, within `within`.
+    async fn count_and_reserve<F, Fut>(
+        self: &Arc<Self>,
+        within: std::time::Duration,
+        probe: F,
+    ) -> Result<Slot>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Arc<PgConn>>>,
+    {
         let count = async {
             let _one = self.gate.lock().await;
             loop {

@@ -45,6 +45,14 @@ impl LazyConn {
         if let Some(c) = self.live() {
             return Ok(c);
         }
+        // Boxed: connecting is rare, and its future is large; inline it
+        // would be moved with every acquisition's.
+        Box::pin(self.open(connector, settings, spares)).await
+    }
+
+    /// [`get`](Self::get) without a live lock session: adopts a spare or
+    /// connects, once for all the tasks that ask at the same time.
+    async fn open(&self, connector: &Connector, settings: &Settings, spares: &Spares) -> Result<Arc<PgConn>> {
         let _gate = self.gate.lock().await;
         if let Some(c) = self.live() {
             return Ok(c);
