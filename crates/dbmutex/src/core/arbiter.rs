@@ -10,7 +10,6 @@
 //! waiter right behind a shared head), so no task overtakes one that waits
 //! longer, and only the head of each key's queue asks the server.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
@@ -80,13 +79,13 @@ impl<X> Drop for Place<'_, X> {
 
 /// The table of keys in use.
 pub(crate) struct Arbiter<K, X = ()> {
-    slots: Mutex<HashMap<K, Arc<Slot<X>>>>,
+    slots: Mutex<super::FastMap<K, Arc<Slot<X>>>>,
 }
 
 impl<K: Hash + Eq + Clone, X: SlotExt> Default for Arbiter<K, X> {
     fn default() -> Self {
         Arbiter {
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::default(),
         }
     }
 }

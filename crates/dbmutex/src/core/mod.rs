@@ -9,6 +9,14 @@
 // have no caller. Every feature combination builds without warnings.
 #![cfg_attr(not(all(feature = "postgres", feature = "mysql")), allow(dead_code))]
 
+/// The hash map of the maps on the hot path (held names, in-process
+/// slots, prepared statements): foldhash, randomly seeded per process, at
+/// a tenth of SipHash's cost for these small keys.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The set of [`FastMap`].
+pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 pub(crate) mod arbiter;
 pub(crate) mod backend;
 pub(crate) mod detach;

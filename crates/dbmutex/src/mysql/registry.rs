@@ -2,7 +2,6 @@
 //! flavour, and the *registry* of held lock strings (for nested
 //! acquisitions, the loss check and `list`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,7 +22,7 @@ pub(crate) struct Shared {
     /// for acquisitions nested in a scoped call, for the loss check
     /// ([`check`](super::check)) and for the names [`Locker::list`](crate::Locker::list)
     /// shows.
-    pub(super) registry: Mutex<HashMap<String, Registered>>,
+    pub(super) registry: Mutex<crate::core::FastMap<String, Registered>>,
     /// Numbers registrations, so the loss check can tell a lock it saw
     /// from the same lock released and taken again meanwhile.
     pub(super) generation: AtomicU64,

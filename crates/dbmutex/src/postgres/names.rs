@@ -3,7 +3,6 @@
 //! and introspection runs on the same session, so the server's query text
 //! cannot tell them).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::key::PgKey;
@@ -11,7 +10,7 @@ use crate::LockName;
 
 /// Held keys → their name and how many guards hold them.
 #[derive(Default)]
-pub(crate) struct OwnNames(Mutex<HashMap<PgKey, (LockName, usize)>>);
+pub(crate) struct OwnNames(Mutex<crate::core::FastMap<PgKey, (LockName, usize)>>);
 
 impl OwnNames {
     pub(crate) fn add(&self, key: PgKey, name: &LockName) {
@@ -21,10 +20,10 @@ impl OwnNames {
 
     pub(crate) fn remove(&self, key: &PgKey) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = m.get_mut(key) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                m.remove(key);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = m.entry(*key) {
+            e.get_mut().1 -= 1;
+            if e.get().1 == 0 {
+                e.remove();
             }
         }
     }

@@ -88,9 +88,9 @@ pub(crate) struct PgConn {
     /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
     /// builds no SQL text to find one.
     pub(super) statements:
-        std::sync::Mutex<std::collections::HashMap<(Call, Mode, bool), tokio_postgres::Statement>>,
+        std::sync::Mutex<crate::core::FastMap<(Call, Mode, bool), tokio_postgres::Statement>>,
     /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]).
-    pub(super) executed: std::sync::Mutex<std::collections::HashSet<(Call, Mode, bool)>>,
+    pub(super) executed: std::sync::Mutex<crate::core::FastSet<(Call, Mode, bool)>>,
     /// The server session this connection claimed when it connected; unset
     /// when that session was already claimed by another client.
     pub(super) claim: std::sync::OnceLock<Claim>,
