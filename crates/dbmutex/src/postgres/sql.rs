@@ -193,6 +193,15 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// As `query` wants them, without an allocation: the values, of which
+    /// the first `n` count.
+    pub(crate) fn values(&self) -> ([&(dyn ToSql + Sync); 3], usize) {
+        match self {
+            Params::Pair(a, b, o) => ([a, b, o], 3),
+            Params::Big(k, o) => ([k, o, o], 2),
+        }
+    }
+
     /// As `query_typed` wants them.
     pub(crate) fn as_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
         match self {

@@ -231,9 +231,9 @@ impl PgConn {
             Text::Prepared => {
                 let stmt = self.prepared(call, mode, key).await?;
                 let params = sql::Params::of(key, owner);
-                let values: Vec<_> = params.as_typed().into_iter().map(|(v, _)| v).collect();
-                match self.client.query(&stmt, &values).await {
-                    Ok(rows) => rows,
+                let (values, n) = params.values();
+                match self.client.query_opt(&stmt, &values[..n]).await {
+                    Ok(row) => return Ok(self.answered(row.as_ref())),
                     // Our prepared statement is not on this server session:
                     // a pooler moved us (to a session where the name may even
                     // be another client's statement, which the claim check in
@@ -248,12 +248,18 @@ impl PgConn {
                 }
             }
         };
+        Ok(self.answered(rows.first()))
+    }
+
+    /// A lock statement's answer: its one row's boolean, or (no row: the
+    /// claim check refused) `None`, after reporting the move.
+    fn answered(self: &Arc<Self>, row: Option<&tokio_postgres::Row>) -> Option<bool> {
         self.heard_from_server();
-        match rows.first() {
-            Some(r) => Ok(Some(r.try_get::<_, bool>(0).unwrap_or(true))),
+        match row {
+            Some(r) => Some(r.try_get::<_, bool>(0).unwrap_or(true)),
             None => {
                 self.moved();
-                Ok(None)
+                None
             }
         }
     }
