@@ -342,6 +342,27 @@ async fn dropped_guard_releases(b: Backend) {
     assert_eq!(a.held_count(), 0);
 }
 
+/// A locker never contends with itself (issue #25): a try of a name whose
+/// guard it just dropped (its unlock still in flight) gets the lock, every
+/// time, at once or in the same cycle and after 64 others.
+async fn no_self_contention_after_a_dropped_guard(b: Backend) {
+    let a = b.locker().await;
+    let names: Vec<String> = (0..64).map(|i| unique(&format!("selfc{i}"))).collect();
+    for round in 0..3 {
+        for n in &names {
+            let g = a.try_lock(n.as_str()).await.unwrap();
+            assert!(g.is_some(), "round {round}: {n} busy after our own dropped guard");
+            drop(g);
+        }
+    }
+    let n = names[0].as_str();
+    for i in 0..100 {
+        let g = a.try_lock(n).await.unwrap();
+        assert!(g.is_some(), "try {i}: {n} busy right after our own dropped guard");
+        drop(g);
+    }
+}
+
 async fn guard_dropped_with_no_runtime_releases(b: Backend) {
     let name = unique("noruntime");
     let url_backend = b;
@@ -788,6 +809,7 @@ for_each_backend! {
         nested_scoped_calls_are_reentrant,
         panic_in_scoped_call_releases,
         dropped_guard_releases,
+        no_self_contention_after_a_dropped_guard,
         guard_dropped_with_no_runtime_releases,
         cancelled_acquire_leaves_nothing_held,
         two_sessions_never_overlap,

@@ -134,6 +134,8 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Clone for SlotRef<K, X> {
 pub(crate) struct Hold<K: Hash + Eq + Clone, X: SlotExt = ()> {
     slot: SlotRef<K, X>,
     mode: Mode,
+    /// Marked by [`Hold::releasing`].
+    releasing: bool,
 }
 
 impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
@@ -170,19 +172,32 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
             if st.queue.is_empty() && st.try_take(mode) {
                 None
             } else {
+                // First in line behind holds that are only waiting for
+                // their unlocks (guards this process dropped): waited for
+                // whatever the deadline, even by a try, so a process never
+                // finds itself busy because of its own unlock in flight.
+                // That wait is bounded by those unlocks' own bounds.
+                let deadline = match st.queue.is_empty() && st.only_releasing() {
+                    true => None,
+                    false => deadline,
+                };
                 let q = Queued::new(Want::Take(mode));
                 st.queue.push_back(q.clone());
-                Some(q)
+                Some((q, deadline))
             }
         };
         let took = match place {
             None => true,
-            Some(q) => wait_queued(&slot.slot, q, deadline).await,
+            Some((q, deadline)) => wait_queued(&slot.slot, q, deadline).await,
         };
         // Not `then_some`: building a Hold we do not own would give back
         // someone else's hold when it drops.
         if took {
-            Some(Hold { slot, mode })
+            Some(Hold {
+                slot,
+                mode,
+                releasing: false,
+            })
         } else {
             None
         }
@@ -201,6 +216,22 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Hold<K, X> {
         &self.slot.slot
     }
 
+    /// Marks the hold as on its way out: its guard is gone and only the
+    /// server's unlock is awaited before it drops. A request of this
+    /// process for the key then waits for it, whatever its deadline (see
+    /// [`Arbiter::hold`]).
+    pub(crate) fn releasing(&mut self) {
+        if !self.releasing {
+            self.releasing = true;
+            self.slot
+                .slot
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .releasing += 1;
+        }
+    }
+
     /// A reference to the slot that outlives the hold (and cleans up after).
     pub(crate) fn slot_ref(&self) -> SlotRef<K, X> {
         self.slot.clone()
@@ -211,10 +242,11 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Drop for Hold<K, X> {
     fn drop(&mut self) {
         let slot = &self.slot.slot;
         // Hands it to the next waiter in line, if any.
-        slot.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .give_back(self.mode);
+        let mut st = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.releasing {
+            st.releasing -= 1;
+        }
+        st.give_back(self.mode);
         // Then `self.slot` drops, removing the entry if nobody else uses it.
     }
 }

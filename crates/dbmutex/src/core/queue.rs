@@ -45,6 +45,9 @@ pub(crate) struct State {
     /// An upgrade waits or is granted: a second one would wait for the
     /// first's shared hold while the first waits for its own (a deadlock).
     pub(crate) upgrading: bool,
+    /// Holds whose guard is gone and that only wait for the server's
+    /// unlock (see `Hold::releasing`).
+    pub(crate) releasing: u32,
     /// Waiters in arrival order.
     pub(crate) queue: VecDeque<Arc<Queued>>,
 }
@@ -66,6 +69,12 @@ impl State {
         }
         self.exclusive = true;
         true
+    }
+
+    /// Whether the key is held, and only by holds on their way out: a wait
+    /// for it is bounded by their unlocks, not by a holder's work.
+    pub(crate) fn only_releasing(&self) -> bool {
+        self.releasing > 0 && self.releasing == u32::from(self.exclusive && self.shared == 0) + self.shared
     }
 
     fn try_want(&mut self, want: Want) -> bool {

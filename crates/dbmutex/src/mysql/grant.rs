@@ -69,7 +69,12 @@ impl MyGrant {
                 // runtime is needed here. If that runtime is gone, the task
                 // (and with it the connection) is dropped: the socket closes
                 // and the server frees the lock.
-                |release| {
+                |mut release| {
+                    // The next request of this process for the name waits
+                    // for this unlock instead of finding the name busy.
+                    if let Some(h) = release.hold.as_mut() {
+                        h.releasing();
+                    }
                     let runtime = release.shared.runtime.clone();
                     drop(runtime.spawn(async move {
                         if let Err(e) = release.run().await {
@@ -84,7 +89,10 @@ impl MyGrant {
 
 impl Grant for MyGrant {
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        let release = self.release.take().expect("held until released");
+        let mut release = self.release.take().expect("held until released");
+        if let Some(h) = release.hold.as_mut() {
+            h.releasing();
+        }
         // In the caller's task (no hop to another task, which cost a
         // quarter of an uncontended cycle). If the caller stops waiting
         // midway, the unlock's fate is unknown: the session is killed from

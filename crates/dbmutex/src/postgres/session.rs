@@ -63,7 +63,12 @@ impl Release {
     /// From `Drop`: no runtime is needed here, the handle spawns onto the
     /// connection's own runtime. If that runtime is gone, so is the
     /// connection, and the server has freed the lock.
-    fn in_background(self) {
+    fn in_background(mut self) {
+        // The next request of this process for the key waits for this
+        // unlock instead of finding the key busy.
+        if let Some(h) = self.hold.as_mut() {
+            h.releasing();
+        }
         let runtime = self.lock.conn.runtime.clone();
         drop(runtime.spawn(async move {
             let Release {
