@@ -101,6 +101,12 @@ impl PgConn {
         self.direct.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the claim found a writable primary (not in recovery, not
+    /// read-only).
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// This connection's claim token, `""` when it has none.
     pub(crate) fn owner(&self) -> &str {
         self.claim.get().map_or("", |c| c.token.as_str())
