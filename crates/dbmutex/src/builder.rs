@@ -143,7 +143,7 @@ impl LockerBuilder {
     /// 2.0–2.9 s at the default 1 s). On PostgreSQL the same probe tells a
     /// holder whose server was a writable primary at connect and is now
     /// read-only or in recovery (a failover demoted it): within `keepalive`
-    /// plus a round trip (104–698 ms measured at the default).
+    /// plus a round trip (94–704 ms measured at the default).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
         self
