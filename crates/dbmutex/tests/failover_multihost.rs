@@ -2,7 +2,8 @@
 //! primary and streaming standby: `postgres://a,b/db?target_session_attrs
 //! =read-write` finds the primary whichever host comes first; after the
 //! primary stops and the standby is promoted, the holder is told, and the
-//! same locker's next lock goes to the new primary, with a greater token.
+//! same locker's next lock (asked for before the promotion) goes to the new
+//! primary, with a greater token.
 
 mod common;
 
@@ -65,13 +66,20 @@ async fn a_multi_host_url_follows_the_promotion() {
         - stop;
     assert!(!g.is_held());
     drop(g);
+
+    // The same locker: a lock asked for while no host is a primary waits
+    // (reconnecting) and is granted on the new primary once promoted.
+    let waiter = tokio::spawn({
+        let (locker, name, opts) = (locker.clone(), name.clone(), opts.clone());
+        async move { locker.acquire(&name, &opts).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "no primary: the lock waits");
     tokio::task::block_in_place(|| standby.promote());
     let promoted = Instant::now();
-
-    // The same locker: its next lock goes to the new primary.
-    let g = locker
-        .acquire(&name, &opts)
+    let g = waiter
         .await
+        .unwrap()
         .unwrap()
         .expect("acquired after the promotion");
     let after = g.fence().unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::session::{Claim, LockTable, PgConn};
 use crate::{Error, Result};
 
-/// The message of the [`Error::Unsupported`] a connection to a hot standby
+/// The message of the [`Error::Connect`] a connection to a hot standby
 /// gets.
 pub(crate) const ON_A_STANDBY: &str =
     "this connection reaches a hot standby (pg_is_in_recovery() is true): advisory locks are not \
@@ -22,7 +22,7 @@ impl PgConn {
     /// A claimed connection then learns whether it reaches the server
     /// directly (see [`check_direct`](Self::check_direct)).
     ///
-    /// Fails with [`ON_A_STANDBY`] on a hot standby; records whether the
+    /// Fails with [`ON_A_STANDBY`] (a connect error) on a hot standby; records whether the
     /// server is a writable primary, for the keepalive probe.
     ///
     /// Tried once per connection; later calls return at once.
@@ -49,7 +49,9 @@ impl PgConn {
             .first()
             .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
         if row.get::<_, Option<bool>>(8) == Some(true) {
-            return Err(Error::Unsupported(ON_A_STANDBY.into()));
+            // A connect error: a wait reconnects until its bound, so it
+            // rides out a promotion of this very server.
+            return Err(Error::Connect(ON_A_STANDBY.into()));
         }
         let owner: Option<String> = row.get(0);
         // Read as text: casts and the pg_stat_activity view would cost a
