@@ -116,3 +116,39 @@ async fn load_balancing_routed_to_the_primary_for_dbmutex_is_accepted() {
     g.release().await.unwrap();
     assert!(other.try_lock(name.as_str()).await.unwrap().is_some());
 }
+
+/// Reads weighted to both nodes (0.5 : 0.5), statement-level: each
+/// connect is either refused, naming the setting, or (when every
+/// question of the connect check happened to reach the primary) accepted,
+/// and then its holder is not falsely lost. Ten connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_weighted_to_both_nodes_give_a_refusal_or_a_safe_holder() {
+    let primary = PrivatePg::start(PRIMARY);
+    let standby = tokio::task::block_in_place(|| primary.start_standby());
+    let pool = PgPool::start(&primary, &standby, (0.5, 0.5), STATEMENT_LEVEL).await;
+    let (mut refused, mut accepted) = (0, Vec::new());
+    for _ in 0..10 {
+        match Locker::builder(&pool.url())
+            .keepalive(Duration::from_millis(100))
+            .connect()
+            .await
+        {
+            Err(dbmutex::Error::Unsupported(m)) => {
+                assert!(m.contains("statement_level_load_balance = on"), "{m}");
+                refused += 1;
+            }
+            Err(e) => panic!("refused, but not as load balancing: {e}"),
+            Ok(l) => {
+                let g = l.lock(unique("pgpool-both").as_str()).await.unwrap();
+                accepted.push((l, g));
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lost = accepted.iter().filter(|(_, g)| !g.is_held()).count();
+    println!(
+        "reads to both nodes: {refused} of 10 connects refused, {} accepted, {lost} of them lost after 2 s",
+        accepted.len()
+    );
+    assert_eq!(lost, 0, "no false loss");
+}
