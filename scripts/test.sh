@@ -3,9 +3,9 @@
 #
 # Makes sure PostgreSQL (127.0.0.1:5432, database `test`) and MariaDB
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
-# from Debian's packages when absent, and that pgbouncer, openssl,
+# from Debian's packages when absent, and that pgbouncer, pgpool2, openssl,
 # flock(1) and faketime are installed (the pooler tests start their own
-# pgbouncer; the cron test plays hosts with skewed clocks). Then
+# pgbouncer or pgpool; the cron test plays hosts with skewed clocks). Then
 # runs `cargo test --workspace --all-features --no-fail-fast` (every optional
 # integration, such as sqlx, is tested too), so one failure never hides
 # the others, and ends with a one-line summary (passed, failed, ignored,
@@ -98,6 +98,7 @@ ensure_mariadb() {
 
 ensure_tools() {
   command -v pgbouncer >/dev/null || { say "installing pgbouncer"; apt_install pgbouncer; }
+  command -v pgpool >/dev/null || { say "installing pgpool2"; apt_install pgpool2; }
   command -v openssl >/dev/null || { say "installing openssl"; apt_install openssl; }
   [ -x /usr/bin/flock ] || { say "installing util-linux (flock)"; apt_install util-linux; }
   command -v faketime >/dev/null || { say "installing faketime"; apt_install faketime; }

@@ -140,7 +140,10 @@ impl LockerBuilder {
     /// RELIABILITY.md); a waiting connection relies on TCP keepalive
     /// (`max(keepalive, 1 s)` idle and interval); on MySQL by a ping every
     /// `keepalive` (within `keepalive + max(2 × keepalive, 2 s)`; measured
-    /// 2.0–2.9 s at the default 1 s).
+    /// 2.0–2.9 s at the default 1 s). On PostgreSQL the same probe tells a
+    /// holder whose server was a writable primary at connect and is now
+    /// read-only or in recovery (a failover demoted it): within `keepalive`
+    /// plus a round trip (94–704 ms measured at the default).
     pub fn keepalive(mut self, d: Duration) -> Self {
         self.settings.keepalive = d.max(Duration::from_millis(10));
         self

@@ -199,3 +199,161 @@ async fn in_split_brain_the_new_primarys_tokens_are_greater() {
         "{from_old:?} {from_new:?}"
     );
 }
+
+/// When `guard` reports its loss: how long from now, and the instant
+/// (panics past `within`).
+async fn told_within(guard: &dbmutex::LockGuard, within: Duration) -> (Duration, std::time::Instant) {
+    let t = std::time::Instant::now();
+    tokio::time::timeout(within, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("the holder was not told within {within:?}"));
+    (t.elapsed(), std::time::Instant::now())
+}
+
+/// Sets (or resets) `default_transaction_read_only` server-wide and
+/// reloads, as a failover manager fences an old primary; `raw` keeps
+/// writing (its own session setting wins over the file).
+async fn read_only(raw: &tokio_postgres::Client, on: bool) {
+    let set = if on {
+        "ALTER SYSTEM SET default_transaction_read_only = on"
+    } else {
+        "ALTER SYSTEM RESET default_transaction_read_only"
+    };
+    raw.batch_execute(set).await.unwrap();
+    raw.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+}
+
+/// Split brain ended by fencing the old primary read-only: the holder on
+/// it is told within the keepalive bound (1 s at the default, plus the
+/// probe's round trip), and its session lets the lock go. Three runs on one topology; the split-brain
+/// window is the time both holders held the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_primary_made_read_only_is_told() {
+    let primary = PrivatePg::start(PRIMARY);
+    let standby = tokio::task::block_in_place(|| primary.start_standby());
+    promote(&standby).await;
+    let admin = primary.raw().await;
+    admin
+        .batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
+    let new = locker(&standby).await;
+    let opts = LockOptions::new().timeout(Duration::from_secs(10));
+    for run in 1..=3 {
+        let name = unique("failover-read-only");
+        let old = locker(&primary).await;
+        let held = old
+            .acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("acquired on the old primary");
+        let both = std::time::Instant::now();
+        let second = new
+            .acquire(&name, &opts)
+            .await
+            .unwrap()
+            .expect("acquired on the new primary");
+        // Let the old holder's probe settle into its rhythm first.
+        tokio::time::sleep(Duration::from_millis(300 * run)).await;
+        read_only(&admin, true).await;
+        let (told, at) = told_within(&held, Duration::from_secs(3)).await;
+        let window = at - both;
+        assert!(!held.is_held(), "told, and no longer held");
+        assert!(second.is_held(), "the new primary's holder is unaffected");
+        println!(
+            "read-only run {run}: old holder told {told:?} after the reload; two holders for {window:?}"
+        );
+        assert!(
+            told < Duration::from_millis(2000),
+            "within the keepalive bound: {told:?}"
+        );
+        // Its session was closed: the old primary lets the lock go (its
+        // backend ends when it sees the closed socket, a few ms later).
+        let raw = &admin;
+        assert!(
+            common::eventually(Duration::from_secs(2), || async move {
+                let left: i64 = raw
+                    .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                left == 0
+            })
+            .await,
+            "the old holder's session let the lock go"
+        );
+        read_only(&admin, false).await;
+        second.release().await.unwrap();
+    }
+    // A server read-only from the start (a read-only role, say) is not a
+    // failover: only a change is told.
+    read_only(&admin, true).await;
+    let steady = locker(&primary).await;
+    let held = steady
+        .acquire(&unique("read-only-from-the-start"), &opts)
+        .await
+        .unwrap()
+        .expect("acquired");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(held.is_held(), "a lock taken on a read-only server stays held");
+}
+
+/// The old primary demoted (stopped, then started again as a standby):
+/// its holder is told at once (its session ends), and a locker cannot
+/// take locks on the demoted server (a typed refusal, not a lock that
+/// excludes only that standby's clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_primary_restarted_as_a_standby_is_told() {
+    let primary = PrivatePg::start(PRIMARY);
+    let standby = tokio::task::block_in_place(|| primary.start_standby());
+    let name = unique("failover-demoted");
+    let opts = LockOptions::new().timeout(Duration::from_secs(10));
+    let old = locker(&primary).await;
+    let held = old.acquire(&name, &opts).await.unwrap().expect("acquired");
+    promote(&standby).await;
+    let new = locker(&standby).await;
+    let both = std::time::Instant::now();
+    let second = new
+        .acquire(&name, &opts)
+        .await
+        .unwrap()
+        .expect("acquired on the new primary");
+    // Watched from a task of its own: the demotion below blocks this one.
+    let lost = held.lost();
+    let watcher = tokio::spawn(async move {
+        lost.await;
+        std::time::Instant::now()
+    });
+    let stop = std::time::Instant::now();
+    tokio::task::block_in_place(|| primary.restart_as_standby());
+    let demoted = stop.elapsed();
+    let at = tokio::time::timeout(Duration::from_secs(5), watcher)
+        .await
+        .expect("the holder was told")
+        .unwrap();
+    let told = at - stop;
+    println!(
+        "demotion: old holder told {told:?} after the stop began (restart as a standby took {demoted:?}); \
+         two holders for {:?}",
+        at - both
+    );
+    assert!(told < Duration::from_secs(2), "told at once: {told:?}");
+    assert!(second.is_held());
+    let in_recovery: bool = primary
+        .raw()
+        .await
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(in_recovery, "the old primary is a standby now");
+    match Locker::builder(&primary.url()).connect().await {
+        Err(e @ dbmutex::Error::Connect(_)) => {
+            let m = e.to_string();
+            assert!(m.contains("pg_is_in_recovery()"), "{m}");
+            println!("a locker on the demoted server: {m}");
+        }
+        Err(e) => panic!("refused, but not as a standby: {e}"),
+        Ok(_) => panic!("a locker on a hot standby must be refused"),
+    }
+}

@@ -45,6 +45,18 @@
 //! itself away here (or by a failed claim); a statement pooler refuses the
 //! `BEGIN` of step 2, and the connect fails naming it. What slips past this
 //! check is caught by the claims above.
+//!
+//! **Load balancers** (pgpool-II `load_balance_mode = on`, and per
+//! statement with `statement_level_load_balance = on`) send a statement
+//! that calls only stable functions to a standby, where no lock is; a
+//! volatile one (every lock statement, the claim, the keepalive probe's
+//! `pg_is_in_recovery()`) goes to the primary. The lock session's pid
+//! questions above also ask `transaction_read_only`: on after a claim that
+//! found a writable primary means a standby answered, and the connect is
+//! refused ([`LOAD_BALANCED`], with pgpool's settings from `PGPOOL SHOW`).
+//! Weights that send some reads to the primary may let all five
+//! questions miss it; the probe's routing keeps a holder from a false
+//! loss then, but `status` and `list` may read the standby.
 
 use std::time::{Duration, Instant};
 
@@ -92,6 +104,64 @@ pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
 const PROBE_HELD: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
      AND pid = $1 AND classid = ($2 >> 32)::oid AND objid = ($2 & 4294967295)::oid AND objsubid = 1)";
 
+/// The message of the [`Error::Unsupported`] a connection through a
+/// proxy that sends read-only statements to a standby gets; the proxy's
+/// own setting follows when it answers `PGPOOL SHOW`.
+pub(crate) const LOAD_BALANCED: &str =
+    "this connection goes through a load-balancing proxy (pgpool-II with load_balance_mode = on, \
+     or statement_level_load_balance = on) that sends read-only statements to a standby, while \
+     locks run on the primary: a lock's keepalive and the holders dbmutex reports would be read \
+     where no lock is. Turn load balancing off for dbmutex (pgpool-II: \
+     app_name_redirect_preference_list = 'dbmutex:primary', for the application_name dbmutex \
+     connects with), or connect to the primary directly";
+
+/// The statement of the connect check on the lock session: its server
+/// session's pid, and whether that session is read-only (a standby's
+/// always is). Both functions are stable: a load balancer may route it.
+const READ_PID: &str = "SELECT pg_backend_pid(), current_setting('transaction_read_only')";
+
+/// [`READ_PID`] on `session`: the pid. Fails with [`LOAD_BALANCED`] when
+/// it ran on a read-only server session though the claim (a volatile
+/// statement, never load-balanced) found a writable primary.
+async fn read_pid(session: &PgConn) -> Result<i32> {
+    let msgs = session
+        .client
+        .simple_query(READ_PID)
+        .await
+        .map_err(|e| Error::Connect(Box::new(e)))?;
+    let read_only = msgs.iter().any(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(1) == Some("on"),
+        _ => false,
+    });
+    if read_only && session.is_writable() {
+        return Err(Error::Unsupported(load_balanced(session).await));
+    }
+    first_text(&msgs)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| Error::Connect("pg_backend_pid() returned no number".into()))
+}
+
+/// [`LOAD_BALANCED`], with pgpool-II's settings if it answers.
+async fn load_balanced(session: &PgConn) -> String {
+    let mut seen = Vec::new();
+    for setting in ["load_balance_mode", "statement_level_load_balance"] {
+        if let Ok(msgs) = session
+            .client
+            .simple_query(&format!("PGPOOL SHOW {setting}"))
+            .await
+        {
+            if let Some(v) = first_text(&msgs) {
+                seen.push(format!("{setting} = {v}"));
+            }
+        }
+    }
+    if seen.is_empty() {
+        LOAD_BALANCED.to_owned()
+    } else {
+        format!("{LOAD_BALANCED} (this pgpool-II has {})", seen.join(", "))
+    }
+}
+
 async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
     let msgs = conn.client.simple_query(sql).await.map_err(|e| {
         // PgBouncer's own words when statement pooling refuses BEGIN.
@@ -116,7 +186,7 @@ async fn backend_pid(conn: &PgConn, sql: &str) -> Result<i32> {
 /// `other` is a second connection of ours; it is left clean (no transaction)
 /// for reuse.
 pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<bool> {
-    let p1 = backend_pid(session, "SELECT pg_backend_pid()").await?;
+    let p1 = read_pid(session).await?;
     let verdict = async {
         let q = backend_pid(other, "BEGIN; SELECT pg_backend_pid()").await?;
         if q == p1 {
@@ -124,7 +194,7 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
         }
         // A pool with no free server session would queue this statement until
         // the other transaction ends: end it after a while, then look again.
-        let again = backend_pid(session, "SELECT pg_backend_pid()");
+        let again = read_pid(session);
         tokio::pin!(again);
         let p2 = match tokio::time::timeout(Duration::from_secs(1), &mut again).await {
             Ok(p2) => p2?,
@@ -147,7 +217,7 @@ pub(crate) async fn shares_sessions(session: &PgConn, other: &PgConn) -> Result<
     // With every server session idle again, a round-robin pool hands
     // consecutive statements to them in turn: a few more questions catch it.
     for _ in 0..3 {
-        if backend_pid(session, "SELECT pg_backend_pid()").await? != p1 {
+        if read_pid(session).await? != p1 {
             return Ok(true);
         }
     }

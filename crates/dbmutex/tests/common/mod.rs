@@ -7,6 +7,7 @@
 
 pub mod hostile;
 pub mod pgbouncer;
+pub mod pgpool;
 pub mod private;
 pub mod private_mariadb;
 pub mod private_pg;

@@ -33,7 +33,7 @@
 //!
 //! `pg.start_standby()` makes a streaming standby of a server started with
 //! `PRIMARY` among its settings (`pg_basebackup -R`), for failover tests:
-//! `promote()` it, `shut_down()` the primary.
+//! `promote()` it, `shut_down()` the primary or `restart_as_standby()`.
 //!
 //! `PrivatePg::start_tls(settings)` also turns TLS on (`ssl = on`, a
 //! self-signed certificate for 127.0.0.1 made with `openssl`), for tests of
@@ -309,6 +309,22 @@ impl PrivatePg {
         let mut c = self.pg_ctl();
         c.args(["-m", "fast", "-w", "-t", "120", "stop"]);
         run(c, "pg_ctl stop", || self.log());
+    }
+
+    /// Demotes this server as a failover manager does an old primary:
+    /// stops it (`-m fast`: its sessions are ended), adds `standby.signal`
+    /// and starts it again, a hot standby (of no one). Blocking.
+    pub fn restart_as_standby(&self) {
+        self.shut_down();
+        let signal = self.data().join("standby.signal");
+        std::fs::write(&signal, "").unwrap();
+        if is_root() {
+            let (uid, gid) = user_ids("postgres");
+            std::os::unix::fs::chown(&signal, Some(uid), Some(gid)).unwrap();
+        }
+        let mut c = self.pg_ctl();
+        c.args(["-w", "-t", "120", "start"]);
+        run(c, "pg_ctl start (as a standby)", || self.log());
     }
 
     /// A private server with `settings` shared by every caller in this test

@@ -6,6 +6,13 @@ use std::sync::Arc;
 use super::session::{Claim, LockTable, PgConn};
 use crate::{Error, Result};
 
+/// The message of the [`Error::Connect`] a connection to a hot standby
+/// gets.
+pub(crate) const ON_A_STANDBY: &str =
+    "this connection reaches a hot standby (pg_is_in_recovery() is true): advisory locks are not \
+     replicated, so a lock there would exclude only that standby's own clients. Connect to the \
+     primary (a multi-host URL with target_session_attrs=read-write finds it)";
+
 impl PgConn {
     /// Marks the server session as this connection's (see [`Claim`]), if no
     /// other client did. A session that carries another client's token is
@@ -14,6 +21,9 @@ impl PgConn {
     ///
     /// A claimed connection then learns whether it reaches the server
     /// directly (see [`check_direct`](Self::check_direct)).
+    ///
+    /// Fails with [`ON_A_STANDBY`] (a connect error) on a hot standby; records whether the
+    /// server is a writable primary, for the keepalive probe.
     ///
     /// Tried once per connection; later calls return at once.
     pub(crate) async fn claim(self: &Arc<Self>) -> Result<()> {
@@ -29,7 +39,8 @@ impl PgConn {
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
                  (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_get_activity(pg_backend_pid())), \
                  current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-                 current_setting('max_prepared_transactions'), host(inet_server_addr()), inet_server_port()",
+                 current_setting('max_prepared_transactions'), host(inet_server_addr()), inet_server_port(), \
+                 pg_is_in_recovery(), current_setting('transaction_read_only')",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
@@ -37,6 +48,11 @@ impl PgConn {
         let row = rows
             .first()
             .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
+        if row.get::<_, Option<bool>>(8) == Some(true) {
+            // A connect error: a wait reconnects until its bound, so it
+            // rides out a promotion of this very server.
+            return Err(Error::Connect(ON_A_STANDBY.into()));
+        }
         let owner: Option<String> = row.get(0);
         // Read as text: casts and the pg_stat_activity view would cost a
         // fresh backend milliseconds of catalog lookups on every connect.
@@ -51,6 +67,9 @@ impl PgConn {
         });
         if owner.as_deref() == Some(token.as_str()) {
             let _ = self.server_end.set((row.get(6), row.get(7)));
+            let writable = row.get::<_, Option<String>>(9).as_deref() == Some("off");
+            self.writable
+                .store(writable, std::sync::atomic::Ordering::Relaxed);
             let _ = self.claim.set(Claim {
                 token,
                 pid: row.get(1),
@@ -82,6 +101,12 @@ impl PgConn {
     /// at the address and port dialed.
     pub(crate) fn is_direct(&self) -> bool {
         self.direct.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the claim found a writable primary (not in recovery, not
+    /// read-only).
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This connection's claim token, `""` when it has none.

@@ -9,7 +9,7 @@ impl PgConn {
     /// Keeps checking that the server answers, for a connection that runs
     /// only statements that answer at once (the lock session; a dedicated
     /// connection while it holds its lock): when it
-    /// has been quiet for `every`, it sends `SELECT 1` (carrying the last
+    /// has been quiet for `every`, it sends one short `SELECT` (carrying the last
     /// lock name's comment, so `pg_stat_activity` still shows it); no answer
     /// within `every` (at least 500 ms) closes it and reports it lost. So a
     /// silent failure — a partition, a hung server — is noticed within
@@ -20,7 +20,10 @@ impl PgConn {
     /// Each probe of a session-lock connection also checks that it still
     /// runs on its claimed server session (see
     /// [`Claim`](super::session::Claim)); with `xact` (a connection whose open
-    /// transaction pins its session) it need not.
+    /// transaction pins its session) it need not. It also checks that a
+    /// server that was a writable primary at connect still is (see
+    /// [`probe_query`](Self::probe_query)), so a holder on a primary that a
+    /// failover demoted is told within the same bound.
     ///
     /// A connection runs one probe at a time: starting one stops the last.
     pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
@@ -69,18 +72,7 @@ impl PgConn {
                 // A name's text is itself a string name with the same comment.
                 let text = conn.last_name.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let comment = crate::key::sql_comment(&crate::LockName::Str(text));
-                // Still on our own server session? (A connection without a
-                // claim holds only transaction locks, pinned by their
-                // transaction.) The token is hex: nothing to escape.
-                let query = match (conn.claim.get().filter(|_| !xact), comment.is_empty()) {
-                    (Some(c), true) => format!("SELECT current_setting('dbmutex.owner', true) = '{}'", c.token),
-                    (Some(c), false) => format!(
-                        "SELECT current_setting('dbmutex.owner', true) = '{}' /* {comment} */",
-                        c.token
-                    ),
-                    (None, true) => "SELECT 't'".to_owned(),
-                    (None, false) => format!("SELECT 't' /* {comment} */"),
-                };
+                let query = conn.probe_query(xact, &comment);
                 let probe = conn.client.simple_query(&query);
                 tokio::pin!(probe);
                 loop {
@@ -88,11 +80,19 @@ impl PgConn {
                     match tokio::time::timeout(answer_within, &mut probe).await {
                         Ok(Ok(msgs)) => {
                             conn.heard_from_server();
-                            if crate::postgres::first_text(&msgs).as_deref() != Some("t") {
-                                conn.moved();
-                                return;
+                            match crate::postgres::first_text(&msgs).as_deref() {
+                                Some("t") => break,
+                                Some(SUPERSEDED) => {
+                                    tracing::warn!(
+                                        "dbmutex: the server of the lock session is no longer a writable \
+                                         primary (in recovery, or read-only: demoted in a failover); \
+                                         closing it (its locks are lost)"
+                                    );
+                                    conn.close();
+                                }
+                                _ => conn.moved(),
                             }
-                            break;
+                            return;
                         }
                         // Other answers came meanwhile: the server is alive,
                         // just busy (our probe waits its turn behind them).
@@ -110,4 +110,43 @@ impl PgConn {
         })
         .abort_handle()
     }
+
+    /// The probe's one statement: `t` while all is well; `f` when it ran
+    /// on a server session that is not ours (see
+    /// [`Claim`](super::session::Claim); not asked with `xact`);
+    /// [`SUPERSEDED`] when the claim found a writable primary and the
+    /// server is now in recovery or read-only (`default_transaction_read_only`
+    /// turned on, as a failover manager does to a primary it demotes): the
+    /// lock there no longer excludes the clients of the new primary. One
+    /// round trip either way; `pg_is_in_recovery()` is volatile, so a
+    /// load-balancing pooler (pgpool-II) sends the probe to the primary.
+    fn probe_query(&self, xact: bool, comment: &str) -> String {
+        use std::fmt::Write;
+        let mut q = String::from("SELECT CASE");
+        // Still on our own server session? (A connection without a claim
+        // holds only transaction locks, pinned by their transaction.) The
+        // token is hex: nothing to escape.
+        if let Some(c) = self.claim.get().filter(|_| !xact) {
+            let _ = write!(
+                q,
+                " WHEN current_setting('dbmutex.owner', true) IS DISTINCT FROM '{}' THEN 'f'",
+                c.token
+            );
+            if self.writable.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = write!(
+                    q,
+                    " WHEN pg_is_in_recovery() OR current_setting('transaction_read_only') <> 'off' \
+                     THEN '{SUPERSEDED}'"
+                );
+            }
+        }
+        q.push_str(" ELSE 't' END");
+        if !comment.is_empty() {
+            let _ = write!(q, " /* {comment} */");
+        }
+        q
+    }
 }
+
+/// The probe's answer when the server is no longer a writable primary.
+const SUPERSEDED: &str = "superseded";

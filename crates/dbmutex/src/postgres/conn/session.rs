@@ -111,6 +111,10 @@ pub(crate) struct PgConn {
     pub(super) dead_peer: Duration,
     /// Whether the server was asked to watch this session.
     pub(super) watched: std::sync::atomic::AtomicBool,
+    /// The claim found a writable primary (not in recovery, not
+    /// read-only): the keepalive probe then reports the server going
+    /// read-only as a loss (see `heartbeat.rs`).
+    pub(super) writable: std::sync::atomic::AtomicBool,
 }
 
 impl PgConn {
@@ -166,6 +170,7 @@ impl PgConn {
             direct: Default::default(),
             dead_peer,
             watched: Default::default(),
+            writable: Default::default(),
         })
     }
 
