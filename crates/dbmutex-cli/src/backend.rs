@@ -15,6 +15,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// hour in a pooler's queue is a pooler that is not coming back.
 pub const CONNECT_FOREVER: Duration = Duration::from_secs(3600);
 
+/// How long a connection besides the lock session stays open unused.
+const IDLE_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// The `application_name` our connections show in `pg_stat_activity`, so
 /// `dbmutex list` and the waiting notice can tell CLI holders apart.
 const APPLICATION_NAME: &str = "dbmutex-cli";
@@ -97,7 +100,12 @@ impl Target {
             Some(p) => builder.prefix(p.clone()),
             None => builder,
         };
-        let builder = builder.connect_timeout(bound.unwrap_or(CONNECT_TIMEOUT));
+        let builder = builder
+            .connect_timeout(bound.unwrap_or(CONNECT_TIMEOUT))
+            // One lock per process: an idle extra connection (the side one
+            // the waiting notice's "held by" opens) serves nobody later, and
+            // a fleet of waiters must not keep one each.
+            .idle_timeout(IDLE_TIMEOUT);
         builder.connect().await.map_err(|e| {
             let mut f = Failure::from(e);
             if f.code == UNAVAILABLE {

@@ -116,6 +116,18 @@ fn fifty_waiting_processes_leave_room_for_everyone_else() {
         ours <= WAITERS as i64 + 2,
         "{WAITERS} waiters took {ours} connections"
     );
+    // And still after each has said whom it waits for (the notice after
+    // 1 s looks up the holders on a connection of its own, closed soon).
+    std::thread::sleep(Duration::from_millis(2500));
+    let later = rt.block_on(count(
+        &raw,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'",
+    ));
+    println!("{WAITERS} waiting processes after their notices: {later} server connections");
+    assert!(
+        later <= WAITERS as i64 + 2,
+        "{WAITERS} waiters hold {later} connections after their notices"
+    );
     // An ordinary (non-superuser) client still gets in, every time.
     let app_url = pg.url().replace("postgres://postgres@", "postgres://app@");
     let mut connected = 0;
