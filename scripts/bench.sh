@@ -9,7 +9,9 @@
 # Environment: DATABASE_URL (PostgreSQL), MYSQL_URL, LOCAL_URL, DURATION, ROUNDS,
 # CLIENTS, LOCKS, PAIRED (seconds per paired run), OUT (directory for the raw JSON
 # lines and pgbench logs), LOAD (that many busy shell loops run beside the whole
-# benchmark, a loaded machine; default 0).
+# benchmark, a loaded machine; default 0). Then the fleet scenario (FLEET=0
+# skips it; FLEET_PROCS, default "2 50 200"), the CLI's start (CLI=0; CLI_RUNS)
+# and callgrind's instructions per cycle (CALLGRIND=0).
 # The hold-many ceiling probe is not run here: it fills the server's lock
 # table, which fails every other session's queries (see BENCHMARKS.md).
 set -euo pipefail
@@ -264,3 +266,22 @@ fenced() { # fenced LABEL URL
 fenced PostgreSQL "$PG_URL"
 if $my_up; then fenced MySQL "$MYSQL_URL"; fi
 fenced local "$LOCAL_URL"
+
+# Issue #22: fleets of processes on a private server (scripts/fleet.sh; the
+# busy loops above, if any, run beside it), then what `dbmutex run` costs
+# to start beside flock(1) and psql (scripts/cli-overhead.sh). Issue #25:
+# the client's instructions per lock cycle, counted by callgrind (the same
+# figure on an idle or a busy machine). FLEET=0, CLI=0, CALLGRIND=0 skip them.
+if [ "${FLEET:-1}" != 0 ]; then
+    LOAD=0 OUT="$OUT" PROCS="${FLEET_PROCS:-2 50 200}" DURATION="${DURATION:-5}" scripts/fleet.sh
+fi
+if [ "${CLI:-1}" != 0 ]; then
+    echo "== dbmutex run NAME -- true beside true, flock(1) and the database's own client (median ms)"
+    cargo build --release -q -p dbmutex-cli
+    DBMUTEX_TEST_PG_URL="$PG_URL" DBMUTEX_TEST_MYSQL_URL="$MYSQL_URL" \
+        BACKENDS="postgres $($my_up && echo mysql) local" scripts/cli-overhead.sh "${CLI_RUNS:-100}" | tee "$OUT/cli.jsonl"
+fi
+if [ "${CALLGRIND:-1}" != 0 ] && command -v valgrind >/dev/null; then
+    echo "== client instructions per try+release cycle (callgrind), PostgreSQL"
+    OUT="$OUT/callgrind" scripts/callgrind.sh "$PG_URL" | tee "$OUT/callgrind.jsonl"
+fi
