@@ -10,7 +10,8 @@
 #   PROCS="50" DURATION=3 scripts/fleet.sh
 #   LOAD=1 scripts/fleet.sh            # with a busy loop beside it
 #
-# Environment: PROCS (list of N), DURATION (seconds per side), LOAD (busy
+# Environment: PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
+# case, interleaved; the summary line is their median, default 3), LOAD (busy
 # loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
 # fit the largest N plus room: every process of both sides holds one
 # connection), OUT (directory for the JSON lines).
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/.."
 
 PROCS=${PROCS:-"2 50 200"}
 DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
 LOAD=${LOAD:-0}
 OUT=${OUT:-$(mktemp -d -t dbmutex-fleet.XXXXXX)}
 mkdir -p "$OUT"
@@ -63,14 +65,23 @@ echo "== fleet: $(nproc) cores; private PostgreSQL $("$bindir/postgres" --versio
 printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' N names side "acq/s" "p99 ms" conns "cpu ms/acq" ratio "cpu x"
 for n in $PROCS; do
     for names in 1 "$n"; do
-        "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
-            --duration "$DURATION" --json | tee -a "$OUT/fleet.jsonl" |
-            jq -r '[.clients, .names, .side, (.ops_per_s | round), ((.p99_us // 0) / 1000 | . * 10 | round / 10),
-                     (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-")]
-                    | @tsv' |
-            while IFS=$'\t' read -r c k s o p cn cpu r cx; do
-                printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx"
-            done
+        : >"$OUT/case.jsonl"
+        # ROUNDS runs, each raw then dbmutex: interleaved, so a drift of the
+        # machine weighs on both sides; the summary is the median ratio.
+        for _ in $(seq "$ROUNDS"); do
+            "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
+                --duration "$DURATION" --json | tee -a "$OUT/fleet.jsonl" "$OUT/case.jsonl" |
+                jq -r '[.clients, .names, .side, (.ops_per_s | round), ((.p99_us // 0) / 1000 | . * 10 | round / 10),
+                         (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-")]
+                        | @tsv' |
+                while IFS=$'\t' read -r c k s o p cn cpu r cx; do
+                    printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx"
+                done
+        done
+        jq -rs 'map(select(.side == "dbmutex")) as $d
+                | def med(f): ($d | map(f) | sort | .[(length - 1) / 2 | floor]);
+                "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max))"' \
+            "$OUT/case.jsonl"
         [ "$names" != "$n" ] || break
     done
 done

@@ -115,6 +115,8 @@ pub(crate) struct PgBackend {
     budget: Arc<budget::Budget>,
     /// The names of the locks held on the lock session, for `list`.
     names: Arc<names::OwnNames>,
+    /// Keys lately got only by waiting: waited for at once next time.
+    contended: handoff::Contended,
 }
 
 impl PgBackend {
@@ -137,6 +139,7 @@ impl PgBackend {
             spares: Spares::new(settings.idle_limit()),
             // Until the first connection reads the server's settings.
             names: Arc::default(),
+            contended: handoff::Contended::default(),
             budget: budget::Budget::new(conn::LockTable {
                 per_transaction: 64,
                 slots: 100,
@@ -281,7 +284,8 @@ impl Backend for PgBackend {
                 .get(&self.connector, at.settings, &self.spares)
                 .await?;
             let skip = !at.opts.is_try_once()
-                && at.hold.as_ref().is_some_and(|h| handoff::contended_lately(h.slot()))
+                && at.hold.is_some()
+                && self.contended.lately(at.key)
                 // Before the tries take their reference: only `conn` here
                 // holds it besides the lock session's own slot.
                 && Arc::strong_count(&conn) == 2;
@@ -322,9 +326,7 @@ impl Backend for PgBackend {
             if !parked && !lock.try_lock().await? {
                 return Ok(None);
             }
-            if let Some(h) = &at.hold {
-                handoff::note_contended(h.slot(), false);
-            }
+            self.contended.note(*at.key, false);
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);
             }
@@ -362,10 +364,9 @@ impl Backend for PgBackend {
                 .take()
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
             let hold = at.hold.take();
-            let slot = hold.as_ref().map(|h| h.slot().clone());
             let got = self.spares.acquire(&self.connector, at, ticket, hold).await?;
-            if let (Some(slot), true) = (slot, got.is_some()) {
-                handoff::note_contended(&slot, true);
+            if got.is_some() {
+                self.contended.note(*at.key, true);
             }
             Ok(got)
         }
