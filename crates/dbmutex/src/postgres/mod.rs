@@ -79,7 +79,7 @@ use std::sync::Arc;
 
 #[cfg(feature = "sqlx")]
 pub use caller::sqlx;
-pub use caller::{lock_session, CallerClient, ClientLockGuard};
+pub use caller::{lock_session, CallerClient, ClientLockGuard, NotAcquired, XactLock};
 pub(crate) use conn::{Connector, PgConn};
 use dedicated::Spares;
 use errors::first_text;
