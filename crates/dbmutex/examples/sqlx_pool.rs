@@ -39,7 +39,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if (w + i) % 2 == 0 {
                     // A transaction lock: the commit releases it.
                     let mut tx = pool.begin().await?;
-                    assert!(lock_xact(&mut tx, "example-counter", &opts, &prefix).await?);
+                    let Ok(_lock) = lock_xact(&mut tx, "example-counter", &opts, &prefix).await? else {
+                        panic!("not acquired within 30 s");
+                    };
                     bump(&mut tx).await?;
                     tx.commit().await?;
                 } else {

@@ -145,7 +145,13 @@ pub struct Holder {
 #[non_exhaustive]
 pub struct ListedLock {
     /// The lock's name, where it can be known (PostgreSQL: from the lock
-    /// statement's SQL comment, which the gem writes too).
+    /// statement's SQL comment, which the gem writes too). `None` (`name:
+    /// null` in `dbmutex list --json`) where it cannot: on PostgreSQL, a
+    /// name containing `/*` or `*/` (it cannot ride in a comment), a key
+    /// taken without a comment (raw keys, psql) or a session whose last
+    /// statement was another; on MariaDB, a name over 64 bytes (the
+    /// server's lock list does not show it whole). The lock itself still
+    /// excludes as any other.
     pub name: Option<String>,
     /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
     /// the lock file name (local).

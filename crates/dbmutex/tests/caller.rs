@@ -124,7 +124,8 @@ async fn sqlx_transaction_lock_beside_app_queries() {
         .unwrap();
     assert!(dsqlx::lock_xact(&mut tx, name.as_str(), &LockOptions::new(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     sqlx::query("INSERT INTO dbmutex_caller_t VALUES (1)")
         .execute(&mut *tx)
         .await
@@ -198,7 +199,10 @@ async fn sqlx_timeouts_are_bounded_and_settings_restored() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    assert!(!dsqlx::lock_xact(&mut tx, name.as_str(), &opts, &p).await.unwrap());
+    assert!(dsqlx::lock_xact(&mut tx, name.as_str(), &opts, &p)
+        .await
+        .unwrap()
+        .is_err());
     let lt: String = sqlx::query("SHOW lock_timeout")
         .fetch_one(&mut *tx)
         .await
@@ -223,7 +227,8 @@ async fn sqlx_timeouts_are_bounded_and_settings_restored() {
         &p
     )
     .await
-    .unwrap());
+    .unwrap()
+    .is_ok());
     let lt: String = sqlx::query("SHOW lock_timeout")
         .fetch_one(&mut *tx)
         .await
@@ -307,8 +312,14 @@ async fn sqlx_deadlock_is_reported() {
     let opts = LockOptions::new().timeout(Duration::from_secs(10));
     let mut t1 = pool.begin().await.unwrap();
     let mut t2 = pool.begin().await.unwrap();
-    assert!(dsqlx::lock_xact(&mut t1, x.as_str(), &opts, &p).await.unwrap());
-    assert!(dsqlx::lock_xact(&mut t2, y.as_str(), &opts, &p).await.unwrap());
+    assert!(dsqlx::lock_xact(&mut t1, x.as_str(), &opts, &p)
+        .await
+        .unwrap()
+        .is_ok());
+    assert!(dsqlx::lock_xact(&mut t2, y.as_str(), &opts, &p)
+        .await
+        .unwrap()
+        .is_ok());
     let (o1, o2, p1, p2) = (opts.clone(), opts.clone(), p.clone(), p.clone());
     let (y1, x2) = (y.clone(), x.clone());
     let a = tokio::spawn(async move {
@@ -408,7 +419,7 @@ async fn tokio_postgres_session_lock_on_callers_client() {
     )
     .await
     .unwrap();
-    assert!(r.is_none() && t.elapsed() >= Duration::from_millis(190));
+    assert!(r.is_err() && t.elapsed() >= Duration::from_millis(190));
     held.release().await.unwrap();
 
     // A lock that the session no longer holds reads as lost on release.

@@ -503,14 +503,15 @@ async fn pg_deadlock_side(
     let p = Prefix::none();
     assert!(lock_xact(&tx, first.as_str(), &LockOptions::try_once(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     both_hold.wait().await;
     let wait = LockOptions::new()
         .timeout(Duration::from_secs(5))
         .wait_strategy(WaitStrategy::Server);
     let r = lock_xact(&tx, second.as_str(), &wait, &p).await;
     tx.rollback().await.unwrap();
-    r
+    r.map(|got| got.is_ok())
 }
 
 /// PostgreSQL's deadlock victim (40P01) counts as `deadlock`; `lock_xact`
@@ -645,12 +646,12 @@ async fn postgres_caller_connection() {
     assert!(lock_session(&c2, name.as_str(), &once, &p)
         .await
         .unwrap()
-        .is_none());
+        .is_err());
     let bounded = LockOptions::new().timeout(Duration::from_millis(100));
     assert!(lock_session(&c2, name.as_str(), &bounded, &p)
         .await
         .unwrap()
-        .is_none());
+        .is_err());
     g.release().await.unwrap();
     assert_eq!(totals().held(b), 0.0, "released");
     let g = lock_session(&c2, name.as_str(), &once, &p)

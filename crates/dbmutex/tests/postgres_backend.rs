@@ -41,11 +41,13 @@ async fn caller_transaction_settings_survive_success_and_timeout() {
         &p
     )
     .await
-    .unwrap());
+    .unwrap()
+    .is_ok());
     assert_eq!(show_lock_timeout(&tx1).await, "7s", "after success");
     assert!(lock_xact(&tx1, unique("xb").as_str(), &server_wait(None), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     assert_eq!(show_lock_timeout(&tx1).await, "7s", "after an unbounded wait");
 
     // Timeout: tx1 holds the name, tx2 asks for it.
@@ -59,7 +61,7 @@ async fn caller_transaction_settings_survive_success_and_timeout() {
     )
     .await
     .unwrap();
-    assert!(!got, "held by tx1");
+    assert!(got.is_err(), "held by tx1");
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert_eq!(
         show_lock_timeout(&tx2).await,
@@ -72,7 +74,8 @@ async fn caller_transaction_settings_survive_success_and_timeout() {
     tx1.commit().await.unwrap();
     assert!(lock_xact(&tx2, name.as_str(), &LockOptions::try_once(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     tx2.commit().await.unwrap();
 }
 
@@ -89,7 +92,8 @@ async fn deadlock_side(
     let p = Prefix::none();
     assert!(lock_xact(&tx, first.as_str(), &LockOptions::try_once(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     both_hold.wait().await;
     let r = lock_xact(
         &tx,
@@ -117,7 +121,7 @@ async fn deadlock_side(
     } else {
         tx.commit().await.unwrap();
     }
-    (r, setting)
+    (r.map(|got| got.is_ok()), setting)
 }
 
 /// A server-side wait detects deadlocks: one side gets `Error::Deadlock`
@@ -176,16 +180,18 @@ async fn poll_strategy_in_caller_transaction() {
     let tx1 = c1.transaction().await.unwrap();
     assert!(lock_xact(&tx1, name.as_str(), &LockOptions::try_once(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     let tx2 = c2.transaction().await.unwrap();
     let t = Instant::now();
     let opts = LockOptions::new().timeout(Duration::from_millis(250));
-    assert!(!lock_xact(&tx2, name.as_str(), &opts, &p).await.unwrap());
+    assert!(lock_xact(&tx2, name.as_str(), &opts, &p).await.unwrap().is_err());
     assert!(t.elapsed() >= Duration::from_millis(250));
     tx1.commit().await.unwrap(); // releases
     assert!(lock_xact(&tx2, name.as_str(), &LockOptions::try_once(), &p)
         .await
-        .unwrap());
+        .unwrap()
+        .is_ok());
     tx2.rollback().await.unwrap();
 }
 
@@ -726,7 +732,7 @@ async fn server_default_lock_timeout_does_not_cut_unbounded_waits() {
     )
     .await
     .unwrap();
-    assert!(!bounded);
+    assert!(bounded.is_err());
     assert!(
         t.elapsed() >= Duration::from_millis(600),
         "our bound, not the default: {:?}",

@@ -720,62 +720,83 @@ async fn waiting_for_ones_own_scoped_hold_is_a_deadlock() {
 }
 
 /// Another session waiting in the server for the name (a dbmutex waiter
-/// with the default strategy, the gem, psql) waits for the upgrader's
-/// shared lock, and the server refuses the upgrader's exclusive try while
-/// that waiter is queued: a deadlock the server's detector cannot see. The
-/// upgrader gets `Error::Deadlock` at once — not a hang, not its timeout —
-/// keeps its shared lock, and the waiter gets the lock once the outer call
-/// ends.
+/// with the default strategy, or a raw `pg_advisory_lock` as the gem and
+/// psql send) waits for the upgrader's shared lock. The server refuses the
+/// upgrader's exclusive *try* while that waiter is queued, but grants its
+/// blocking request at once, so this is no deadlock: the upgrade runs at
+/// once (not `Deadlock`, not its timeout), ends shared, and the waiter gets
+/// the lock once the outer call ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_behind_a_server_waiter_is_a_deadlock_not_a_hang() {
+async fn an_upgrade_behind_a_server_waiter_goes_ahead_of_it() {
     let obs = pg_raw().await;
     let (a, b) = (Backend::Postgres.locker().await, Backend::Postgres.locker().await);
-    let name = unique("up-server-waiter");
-    let n = name.as_str();
-    let mut waiter = None;
-    let r = bounded(a.with_lock(n, &LockOptions::new().shared(true), || async {
-        waiter = Some(acquired_later(&b, n));
-        let waiting = eventually(SETTLE, || async {
-            let (c, o, s) = key(n).pg_locks_ids();
-            obs.query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-                 AND classid = $1 AND objid = $2 AND objsubid = $3",
-                &[&c, &o, &s],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-                == 1
-        })
-        .await;
-        assert!(waiting, "the other locker waits in the server");
-        let t0 = Instant::now();
-        let r = a
-            .with_lock(n, &exclusive().timeout(Duration::from_secs(20)), || async {
-                panic!("upgraded past a waiter that waits for us")
+    for raw in [false, true] {
+        let name = unique("up-server-waiter");
+        let n = name.as_str();
+        let mut waiter = None;
+        let mut raw_wait = None;
+        let r = bounded(a.with_lock(n, &LockOptions::new().shared(true), || async {
+            if raw {
+                let sql = format!("SELECT pg_advisory_lock({})", key(n).sql_args());
+                raw_wait = Some(tokio::spawn(async move {
+                    let c = pg_raw().await;
+                    c.batch_execute(&sql).await.map(|()| c)
+                }));
+            } else {
+                waiter = Some(acquired_later(&b, n));
+            }
+            let waiting = eventually(SETTLE, || async {
+                let (c, o, s) = key(n).pg_locks_ids();
+                obs.query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND classid = $1 AND objid = $2 AND objsubid = $3",
+                    &[&c, &o, &s],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                    == 1
             })
             .await;
-        assert!(matches!(r, Err(Error::Deadlock { .. })), "{r:?}");
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "reported after {:?}",
-            t0.elapsed()
-        );
-        assert_eq!(
-            modes(&obs, key(n)).await,
-            (1, 0),
-            "the shared lock stays, nothing more"
-        );
-    }))
-    .await;
-    acquired(r.unwrap());
-    let g = waiter
-        .expect("started")
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("the waiter gets the lock once the outer call ends");
-    g.release().await.unwrap();
+            assert!(waiting, "raw {raw}: the other session waits in the server");
+            let t0 = Instant::now();
+            let r = a
+                .with_lock(n, &exclusive().timeout(Duration::from_secs(20)), || async {
+                    modes(&obs, key(n)).await
+                })
+                .await;
+            assert!(
+                matches!(r, Ok(Outcome::Acquired((1, 1)))),
+                "raw {raw}: the upgrade holds shared and exclusive: {r:?}"
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "raw {raw}: upgraded after {:?}",
+                t0.elapsed()
+            );
+            assert!(
+                settles(&obs, n, (1, 0)).await,
+                "raw {raw}: back to the shared lock, nothing more"
+            );
+        }))
+        .await;
+        acquired(r.unwrap());
+        if let Some(w) = raw_wait {
+            tokio::time::timeout(Duration::from_secs(10), w)
+                .await
+                .expect("the raw waiter gets the lock once the outer call ends")
+                .unwrap()
+                .unwrap();
+        } else {
+            let g = waiter
+                .expect("started")
+                .await
+                .unwrap()
+                .unwrap()
+                .expect("the waiter gets the lock once the outer call ends");
+            g.release().await.unwrap();
+        }
+    }
 }
 
 /// `l` waiting for `name` exclusive, with the default strategy (try, then

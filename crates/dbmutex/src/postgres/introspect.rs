@@ -112,11 +112,12 @@ pub(crate) async fn holds(
     Ok(rows.first().map(|r| r.get::<_, bool>(0)))
 }
 
-/// Whether a session other than this connection's waits in the server for
-/// `key` (any mode) in this database: while this session holds `key`
-/// shared, such a waiter waits for it, and the server refuses this
-/// session's exclusive try for as long as the waiter is queued.
-pub(crate) async fn waited_for(
+/// Whether other sessions only *wait* in the server for `key` (any mode)
+/// in this database, and none holds it: then this session's exclusive try
+/// fails (a queued waiter's request conflicts), yet a blocking request of
+/// this session, which holds `key` shared, is granted at once, ahead of
+/// waiters that wait for it.
+pub(crate) async fn only_waited_for(
     conn: &PgConn,
     key: &PgKey,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
@@ -124,10 +125,10 @@ pub(crate) async fn waited_for(
     let rows = conn
         .client
         .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-             AND pid <> pg_backend_pid() \
+            "SELECT bool_or(NOT granted) AND NOT bool_or(granted) FROM pg_locks \
+             WHERE locktype = 'advisory' AND pid <> pg_backend_pid() \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             AND classid = $1 AND objid = $2 AND objsubid = $3)",
+             AND classid = $1 AND objid = $2 AND objsubid = $3",
             &[
                 (&classid, Type::OID),
                 (&objid, Type::OID),
@@ -135,5 +136,5 @@ pub(crate) async fn waited_for(
             ],
         )
         .await?;
-    Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    Ok(rows.first().and_then(|r| r.get::<_, Option<bool>>(0)) == Some(true))
 }

@@ -47,8 +47,10 @@
 //! see it. So a waiting upgrader holds an *intent* lock (a `bigint` key
 //! with the high bit set, mixed from the name's; `list` shows it unnamed):
 //! a second upgrader in another process finds it and fails at once with
-//! [`Error::Deadlock`], as does one behind a session waiting in the server
-//! for the name (that session waits for the upgrader's shared lock). A
+//! [`Error::Deadlock`]. Behind a session that only waits in the server for
+//! the name (it waits for the upgrader's shared lock), the server refuses
+//! the upgrader's try but grants its blocking request at once, ahead of
+//! that waiter: the upgrader sends that request (200 ms bound). A
 //! transaction lock on either side, or a fenced nested call, is
 //! [`Error::Unsupported`].
 //!
@@ -79,7 +81,7 @@ use std::sync::Arc;
 
 #[cfg(feature = "sqlx")]
 pub use caller::sqlx;
-pub use caller::{lock_session, CallerClient, ClientLockGuard};
+pub use caller::{lock_session, CallerClient, ClientLockGuard, NotAcquired, XactLock};
 pub(crate) use conn::{Connector, PgConn};
 use dedicated::Spares;
 use errors::first_text;

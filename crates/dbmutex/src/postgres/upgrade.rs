@@ -13,7 +13,9 @@
 
 use std::sync::Arc;
 
+use super::errors::{db_err, is_lock_timeout, row_count};
 use super::session_lock::SessionLock;
+use super::sql::{self, Call};
 use crate::core::detach::Undo;
 use crate::core::guard::BoxFuture;
 use crate::core::loss::LossToken;
@@ -63,26 +65,21 @@ impl Upgrade for PgUpgrade {
         self.in_process
     }
 
-    /// A failed try asks whether another session waits in the server for
-    /// the key: the server refuses this session's exclusive try while any
-    /// waiter is queued (even though this session holds the key), and that
-    /// waiter waits for this session's shared lock — a deadlock outside
-    /// the server's detector (it sees no waiting upgrader), reported
-    /// rather than waited out.
+    /// A failed try asks whether other sessions only wait in the server for
+    /// the key (none holds it): the server refuses this session's
+    /// exclusive *try* while a waiter is queued, but grants its blocking
+    /// request at once (a session that holds the key goes ahead of waiters
+    /// that wait for it), so that is no deadlock: the blocking request is
+    /// sent, bounded by a short `lock_timeout` in case the queue changed.
     fn try_exclusive(&self) -> BoxFuture<Result<bool>> {
         let lock = self.lock.clone();
         Box::pin(async move {
             if lock.try_lock().await? {
                 return Ok(true);
             }
-            match super::introspect::waited_for(&lock.conn, &lock.key).await {
+            match super::introspect::only_waited_for(&lock.conn, &lock.key).await {
                 Ok(false) => Ok(false),
-                Ok(true) => Err(Error::Deadlock {
-                    name: lock.name.to_string(),
-                    source: "another session waits in the server for this lock, and so for this \
-                             task's shared hold of it, which the upgrade keeps: neither could go on"
-                        .into(),
-                }),
+                Ok(true) => ahead_of_waiters(lock).await,
                 Err(e) => Err(super::errors::db_err(e, &lock.name)),
             }
         })
@@ -121,6 +118,44 @@ impl Upgrade for PgUpgrade {
             ))
         })
     }
+}
+
+/// The bound of [`ahead_of_waiters`]' request: granted at once when only
+/// waiters are queued; anything longer means the queue changed.
+const AHEAD_MS: u64 = 200;
+
+/// A blocking exclusive request of the shared lock's session, with
+/// `lock_timeout` set for it only (one implicit transaction); `false` when
+/// it timed out. Run to its end on the session's runtime, so that a
+/// dropped upgrade gives back a lock the request took.
+async fn ahead_of_waiters(lock: SessionLock) -> Result<bool> {
+    let owner = lock.conn.owner().to_owned();
+    let sql = format!(
+        "SET LOCAL lock_timeout = '{AHEAD_MS}ms'; SET LOCAL statement_timeout = 0; {}",
+        sql::inline(
+            Call::Wait,
+            false,
+            Mode::Exclusive,
+            &lock.key,
+            Some(&lock.name),
+            &owner
+        )
+    );
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let runtime = lock.conn.runtime.clone();
+    runtime.spawn(async move {
+        let r = match lock.conn.client.simple_query(&sql).await {
+            Ok(msgs) if row_count(&msgs) == 1 => Ok(true),
+            Ok(_) => Err(Error::Unsupported(super::pooler::SESSION_LOCKS_UNSAFE.into())),
+            Err(e) if is_lock_timeout(&e) => Ok(false),
+            Err(e) => Err(db_err(e, &lock.name)),
+        };
+        if let Err(Ok(true)) = tx.send(r) {
+            lock.spawn_unlock(); // nobody waits for it any more
+        }
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(Error::Database("the upgrade task ended unexpectedly".into())))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use tokio_postgres::GenericClient;
 
 use super::caller::client::Tp;
 use super::caller::procedure::{acquire, Request, SESSION_OF_ANOTHER};
+use super::caller::{NotAcquired, XactLock};
 use super::conn::PgConn;
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::sql::{self, Call};
@@ -76,8 +77,9 @@ pub(crate) async fn wait_xact_dedicated(
 }
 
 /// Takes a transaction-level advisory lock (`pg_advisory_xact_lock*`) inside
-/// a transaction you own; it is released when that transaction ends. Returns
-/// `false` when the wait ended without the lock.
+/// a transaction you own; it is released when that transaction ends.
+/// `Ok(Ok(XactLock))`: held; `Ok(Err(NotAcquired))`: the wait ended without
+/// the lock (the `Result` is `#[must_use]`: ignoring it is a warning).
 ///
 /// - [`WaitStrategy::Poll`] retries `pg_try_advisory_xact_lock*` with backoff.
 /// - [`WaitStrategy::Server`] and the default [`WaitStrategy::TryThenServer`]
@@ -85,7 +87,7 @@ pub(crate) async fn wait_xact_dedicated(
 ///   included) inside a savepoint, with `lock_timeout` set for the wait only.
 ///   Afterwards — acquired, timed out, or deadlocked — `lock_timeout` reads as
 ///   it did before and the transaction is usable: a timeout returns
-///   `Ok(false)`, a deadlock [`Error::Deadlock`].
+///   `Ok(Err(NotAcquired))`, a deadlock [`Error::Deadlock`].
 ///
 /// ```no_run
 /// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), dbmutex::Error> {
@@ -93,7 +95,7 @@ pub(crate) async fn wait_xact_dedicated(
 /// use std::time::Duration;
 /// let tx = client.transaction().await.map_err(|e| dbmutex::Error::Database(e.into()))?;
 /// let opts = LockOptions::new().timeout(Duration::from_secs(2)).wait_strategy(WaitStrategy::Server);
-/// if lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
+/// if let Ok(_lock) = lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
 ///     // ... work under the lock ...
 /// }
 /// tx.commit().await.map_err(|e| dbmutex::Error::Database(e.into()))?; // releases the lock
@@ -109,8 +111,12 @@ pub async fn lock_xact(
     name: impl Into<LockName>,
     opts: &LockOptions,
     prefix: &Prefix,
-) -> Result<bool> {
+) -> Result<std::result::Result<XactLock, NotAcquired>> {
     let name = name.into();
     let r = Request::xact(&name, opts, prefix)?;
-    acquire(&mut Tp(tx.client()), &r).await
+    let key = r.key;
+    if !acquire(&mut Tp(tx.client()), &r).await? {
+        return Ok(Err(NotAcquired));
+    }
+    Ok(Ok(XactLock::new(name, key)))
 }

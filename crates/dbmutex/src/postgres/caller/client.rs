@@ -3,41 +3,41 @@
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
-use tokio_postgres::{Client, SimpleQueryMessage, Transaction};
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
+use super::NotAcquired;
 use crate::core::loss::LossToken;
 use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::{failure, Failure};
 use crate::{LockName, LockOptions, Mode, Result};
 
-/// A tokio-postgres connection of the caller's that dbmutex can lock on:
-/// a [`Client`] or a [`Transaction`]. Pool objects deref to a `Client`
-/// (`&**deadpool_object`, `&*bb8_connection`).
+/// A tokio-postgres client of the caller's that dbmutex can take session
+/// locks on. Pool objects deref to a `Client` (`&**deadpool_object`,
+/// `&*bb8_connection`).
+///
+/// Not implemented for a `Transaction`: a session lock taken in a
+/// transaction block outlives it, and once the transaction is aborted
+/// (any failed statement) its unlock fails too, so the client would go
+/// back to its pool locked. Inside a transaction, take
+/// [`lock_xact`](crate::postgres::lock_xact): its end releases the lock.
+///
+/// ```compile_fail
+/// # async fn demo(tx: &tokio_postgres::Transaction<'_>) {
+/// use dbmutex::{postgres::lock_session, LockOptions, Prefix};
+/// // A session lock in a transaction: refused at compile time.
+/// let _ = lock_session(tx, "ledger-42", &LockOptions::new(), &Prefix::none()).await;
+/// # }
+/// ```
 pub trait CallerClient: Sync {
     /// The client that sends the statements.
     fn client(&self) -> &Client;
-    /// Whether statements run inside a transaction block (then a bounded
-    /// wait sets `lock_timeout` in a savepoint and puts it back).
-    fn in_transaction(&self) -> bool;
 }
 
 impl CallerClient for Client {
     fn client(&self) -> &Client {
         self
-    }
-    fn in_transaction(&self) -> bool {
-        false
-    }
-}
-
-impl CallerClient for Transaction<'_> {
-    fn client(&self) -> &Client {
-        Transaction::client(self)
-    }
-    fn in_transaction(&self) -> bool {
-        true
     }
 }
 
@@ -57,9 +57,59 @@ impl Exec for Tp<'_> {
     }
 }
 
+/// A session-lock acquisition in progress on a caller's client: dropped
+/// between "a statement that may take the lock was sent" and "its answer
+/// said no" (a cancelled future, an error after the lock), it queues the
+/// unlock behind that statement, so the session holds nothing afterwards.
+/// Exact under re-entrancy: the unlock is queued only when a lock
+/// statement was sent, and the server runs that statement before it.
+struct Taking<'a> {
+    tp: Tp<'a>,
+    key: PgKey,
+    mode: Mode,
+    name: &'a LockName,
+    armed: bool,
+}
+
+impl Exec for Taking<'_> {
+    fn batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
+        self.tp.batch(sql)
+    }
+
+    fn may_hold(&mut self, yes: bool) {
+        self.armed = yes;
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            queue_unlock(self.tp.0, &self.key, self.mode, self.name);
+        }
+    }
+}
+
+/// Sends the unlock of a session lock without waiting for its answer.
+fn queue_unlock(client: &Client, key: &PgKey, mode: Mode, name: &LockName) {
+    // tokio-postgres sends a request when its future is first polled; the
+    // answer is discarded once the future is gone, and the client runs
+    // every later request after it.
+    let sql = unlock_sql(key, mode);
+    let fut = std::pin::pin!(client.batch_execute(&sql));
+    if let Poll::Ready(Err(e)) = fut.poll(&mut Context::from_waker(Waker::noop())) {
+        // The connection is closed: the server has ended the session and
+        // its locks with it.
+        tracing::debug!(error = %e, lock = %name, "dbmutex: unlock on a closed client");
+    }
+}
+
 /// Takes a session-level advisory lock on a connection you own, with the
 /// same names, keys, timeouts, shared mode and deadlock error as a
-/// [`Locker`](crate::Locker). `Ok(None)`: the wait ended without the lock.
+/// [`Locker`](crate::Locker). `Ok(Err(NotAcquired))`: the wait ended
+/// without the lock (the same shape as every own-connection call).
 ///
 /// - Waits as [`LockOptions`] says: try once, then (by default) wait in the
 ///   server's queue with `lock_timeout` set to what is left of the timeout
@@ -73,7 +123,10 @@ impl Exec for Tp<'_> {
 ///   client queues it ahead of any statement sent after, so the next user
 ///   of the connection finds the lock released.
 /// - [`LockOptions::transaction`] is refused here ([`Error::Config`](crate::Error::Config)): use
-///   [`lock_xact`](crate::postgres::lock_xact).
+///   [`lock_xact`](crate::postgres::lock_xact), as inside any transaction
+///   (see [`CallerClient`]). A `BEGIN` you send yourself on the client is
+///   yours to watch: a guard released while that transaction is aborted
+///   reports the error and the lock stays until the session ends.
 /// - Behind a transaction pooler a session lock does not hold; the guard's
 ///   [`release`](ClientLockGuard::release) then reports
 ///   [`Error::LockLost`](crate::Error::LockLost).
@@ -83,7 +136,7 @@ impl Exec for Tp<'_> {
 /// use dbmutex::{postgres::lock_session, LockOptions, Prefix};
 /// use std::time::Duration;
 /// let opts = LockOptions::new().timeout(Duration::from_secs(2));
-/// if let Some(guard) = lock_session(client, "ledger-42", &opts, &Prefix::from_env()).await? {
+/// if let Ok(guard) = lock_session(client, "ledger-42", &opts, &Prefix::from_env()).await? {
 ///     client.execute("UPDATE ledger SET n = n + 1 WHERE id = 42", &[]).await
 ///         .map_err(|e| dbmutex::Error::Database(e.into()))?;
 ///     guard.release().await?;
@@ -93,23 +146,35 @@ impl Exec for Tp<'_> {
 ///
 /// # Cancel safety
 ///
-/// If the future is dropped while its statement is in flight, the session
-/// may end up holding the lock with no guard: discard the connection (as
-/// after any cancelled tokio-postgres query).
+/// Cancel-safe: if the future is dropped while a lock statement is in
+/// flight, the unlock is queued behind it on the client, so whatever the
+/// statement did, the session holds no lock from this call afterwards and
+/// the client can go back to its pool. (The client still runs the
+/// abandoned statement first: a cancelled wait without a timeout keeps
+/// the client busy until the lock is granted, then gives it back.)
 pub async fn lock_session<'c, C: CallerClient + ?Sized>(
     conn: &'c C,
     name: impl Into<LockName>,
     opts: &LockOptions,
     prefix: &Prefix,
-) -> Result<Option<ClientLockGuard<'c>>> {
+) -> Result<std::result::Result<ClientLockGuard<'c>, NotAcquired>> {
     let name = name.into();
-    let r = Request::session(&name, opts, prefix, conn.in_transaction(), "postgres::lock_xact")?;
+    let r = Request::session(&name, opts, prefix, false, "postgres::lock_xact")?;
     let key = r.key;
     let client = conn.client();
-    if !acquire(&mut Tp(client), &r).await? {
-        return Ok(None);
+    let mut taking = Taking {
+        tp: Tp(client),
+        key,
+        mode: opts.get_mode(),
+        name: &name,
+        armed: false,
+    };
+    if !acquire(&mut taking, &r).await? {
+        return Ok(Err(NotAcquired));
     }
-    Ok(Some(ClientLockGuard {
+    taking.armed = false; // the guard takes the hold over
+    drop(taking);
+    Ok(Ok(ClientLockGuard {
         _metrics: Hold::start(r.labels(), &LossToken::never()),
         client,
         key,
@@ -158,15 +223,7 @@ impl Drop for ClientLockGuard<'_> {
         if !self.held {
             return;
         }
-        // tokio-postgres sends a request when its future is first polled;
-        // the answer is discarded once the future is gone.
-        let sql = unlock_sql(&self.key, self.mode);
-        let fut = std::pin::pin!(self.client.batch_execute(&sql));
-        if let Poll::Ready(Err(e)) = fut.poll(&mut Context::from_waker(Waker::noop())) {
-            // The connection is closed: the server has ended the session
-            // and its locks with it.
-            tracing::debug!(error = %e, lock = %self.name, "dbmutex: unlock on a closed client");
-        }
+        queue_unlock(self.client, &self.key, self.mode, &self.name);
     }
 }
 

@@ -1,6 +1,10 @@
-//! Locks on a connection the caller owns: a tokio-postgres `Client` or
-//! `Transaction` ([`lock_session`], [`lock_xact`](super::lock_xact)), and,
-//! with the `sqlx` feature, an sqlx `PgConnection` ([`sqlx`]).
+//! Locks on a connection the caller owns: a tokio-postgres `Client`
+//! ([`lock_session`]) or `Transaction` ([`lock_xact`](super::lock_xact)),
+//! and, with the `sqlx` feature, an sqlx `PgConnection` ([`sqlx`]).
+//!
+//! Every one of them answers `Ok(Ok(lock))` when it got the lock and
+//! `Ok(Err(..))` when the wait ended without it ([`NotAcquired`], or the
+//! connection handed back): a `Result`, so ignoring it is a warning.
 //!
 //! One procedure serves both drivers. It sends simple-protocol batches only
 //! (nothing is prepared on the caller's connection, nothing is left in its
@@ -15,8 +19,10 @@
 //! Names map to the same keys as everywhere else in dbmutex (and as the gem).
 
 pub(crate) mod client;
+mod outcome;
 pub(crate) mod procedure;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 
 pub use client::{lock_session, CallerClient, ClientLockGuard};
+pub use outcome::{NotAcquired, XactLock};

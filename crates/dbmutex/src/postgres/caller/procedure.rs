@@ -18,6 +18,12 @@ pub(crate) trait Exec: Send {
         &'a mut self,
         sql: &'a str,
     ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a;
+
+    /// Told before a statement that may take the lock is sent (`true`) and
+    /// once an answer says the lock was not taken (`false`): an `Exec` that
+    /// can undo a cancelled acquisition (tokio-postgres) unlocks if dropped
+    /// in between. The default does nothing (sqlx closes the connection).
+    fn may_hold(&mut self, _yes: bool) {}
 }
 
 /// What to lock, and how.
@@ -135,11 +141,18 @@ async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
 }
 
 async fn try_lock<E: Exec>(c: &mut E, sql: &str, name: &LockName) -> Result<bool> {
-    let rows = c.batch(sql).await.map_err(|f| map_failure(f, name))?;
-    match rows.first() {
-        Some(v) => Ok(v.as_deref() == Some("t")),
-        None => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+    c.may_hold(true);
+    let got = match c.batch(sql).await {
+        Ok(rows) => match rows.first() {
+            Some(v) => Ok(v.as_deref() == Some("t")),
+            None => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+        },
+        Err(f) => Err(map_failure(f, name)),
+    };
+    if !matches!(got, Ok(true)) {
+        c.may_hold(false);
     }
+    got
 }
 
 /// Waits in the server, `lock_timeout` set to `left` (none: no bound) for
@@ -156,13 +169,18 @@ async fn wait_in_server<E: Exec>(
         "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0",
         sql::wait_ms(left)
     );
+    c.may_hold(true);
     if !r.in_tx {
-        return match c.batch(&format!("{set}; {lock}")).await {
+        let got = match c.batch(&format!("{set}; {lock}")).await {
             Ok(rows) if rows.is_empty() => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
             Ok(_) => Ok(true),
             Err(f) if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) => Ok(false),
             Err(f) => Err(map_failure(f, r.name)),
         };
+        if !matches!(got, Ok(true)) {
+            c.may_hold(false);
+        }
+        return got;
     }
     let batch = format!(
         "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
@@ -184,10 +202,12 @@ async fn wait_in_server<E: Exec>(
             if rows.len() == 3 {
                 Ok(true)
             } else {
+                c.may_hold(false);
                 Err(Error::Unsupported(SESSION_OF_ANOTHER.into()))
             }
         }
         Err(f) => {
+            c.may_hold(false);
             // Back to the savepoint: the transaction, its settings and its
             // other locks are as they were before the wait.
             c.batch("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")

@@ -17,7 +17,7 @@
 //!
 //! // A transaction lock: released when the transaction ends.
 //! let mut tx = pool.begin().await?;
-//! if lock_xact(&mut tx, "ledger-42", &opts, &prefix).await? {
+//! if let Ok(_lock) = lock_xact(&mut tx, "ledger-42", &opts, &prefix).await? {
 //!     sqlx::query("UPDATE ledger SET n = n + 1 WHERE id = 42").execute(&mut *tx).await?;
 //! }
 //! tx.commit().await?;
@@ -38,10 +38,12 @@ use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection;
 
 use super::procedure::{acquire, unlock, Exec, Request};
+use super::NotAcquired;
 use crate::core::loss::LossToken;
 use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::Failure;
+use crate::postgres::XactLock;
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
 /// An sqlx connection as an [`Exec`].
@@ -88,7 +90,8 @@ fn failure(e: ::sqlx::Error) -> Failure {
 
 /// Takes a transaction-level advisory lock in the open sqlx transaction on
 /// `conn` (pass `&mut tx` or `&mut *tx`); the transaction's end releases
-/// it. `false`: the wait ended without the lock. A bounded server wait runs
+/// it. `Ok(Err(NotAcquired))`: the wait ended without the lock (the same
+/// shape as [`lock_session`]'s). A bounded server wait runs
 /// in a savepoint with `lock_timeout` set for the wait only; afterwards
 /// (acquired, timed out or deadlocked) the settings read as before and the
 /// transaction is usable.
@@ -106,7 +109,7 @@ pub async fn lock_xact(
     name: impl Into<LockName>,
     opts: &LockOptions,
     prefix: &Prefix,
-) -> Result<bool> {
+) -> Result<std::result::Result<XactLock, NotAcquired>> {
     let name = name.into();
     if !conn.is_in_transaction() {
         return Err(Error::Config(
@@ -114,7 +117,11 @@ pub async fn lock_xact(
         ));
     }
     let r = Request::xact(&name, opts, prefix)?;
-    acquire(&mut Sx(conn), &r).await
+    let key = r.key;
+    if !acquire(&mut Sx(conn), &r).await? {
+        return Ok(Err(NotAcquired));
+    }
+    Ok(Ok(XactLock::new(name, key)))
 }
 
 /// An sqlx connection that a [`SessionGuard`] can own for the hold:
@@ -124,9 +131,9 @@ pub trait OwnedConnection: Send + 'static {
     fn pg(&mut self) -> &mut PgConnection;
     /// The connection, shared.
     fn pg_ref(&self) -> &PgConnection;
-    /// Makes dropping this value end its server session (and every lock on
-    /// it) instead of handing it to a pool.
-    fn end_session_on_drop(&mut self);
+    /// Drops this value, ending its server session (and every lock on it)
+    /// instead of handing it to a pool; with or without a tokio runtime.
+    fn end_session(self);
 }
 
 impl OwnedConnection for PgConnection {
@@ -137,7 +144,7 @@ impl OwnedConnection for PgConnection {
         self
     }
     /// A dropped `PgConnection` closes its socket: the server ends the session.
-    fn end_session_on_drop(&mut self) {}
+    fn end_session(self) {}
 }
 
 impl OwnedConnection for PoolConnection<Postgres> {
@@ -147,8 +154,15 @@ impl OwnedConnection for PoolConnection<Postgres> {
     fn pg_ref(&self) -> &PgConnection {
         self
     }
-    fn end_session_on_drop(&mut self) {
-        self.close_on_drop();
+    fn end_session(mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.close_on_drop(); // a graceful close, on a task
+            return;
+        }
+        // No runtime (it is gone, or this is not a runtime thread): the
+        // pool's drop would spawn, and panic. Detached, the connection is
+        // dropped on the spot, closing its socket.
+        drop(self.detach());
     }
 }
 
@@ -167,8 +181,8 @@ impl<C: OwnedConnection> Armed<C> {
 
 impl<C: OwnedConnection> Drop for Armed<C> {
     fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            c.end_session_on_drop();
+        if let Some(c) = self.0.take() {
+            c.end_session();
         }
     }
 }
