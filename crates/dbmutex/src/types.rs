@@ -133,10 +133,12 @@ pub struct Holder {
     pub user: Option<String>,
     /// The holder's client address (`host:port` or `local`).
     pub client: Option<String>,
-    /// Since when, as the server tells it (its own text): on PostgreSQL the
-    /// holder's transaction start, else its connection start; on MySQL the
-    /// start of the holder connection's current command; on the local
-    /// backend the holder's note, when it wrote one.
+    /// Since when, in RFC 3339 UTC with microseconds
+    /// (`2026-12-02T14:56:37.541500Z`) on every backend: on PostgreSQL the
+    /// holder's transaction start, else its connection start; on MariaDB
+    /// the lock's age where the server tells it (`metadata_lock_info`),
+    /// else the start of the holder connection's current command (whole
+    /// seconds); on the local backend the holder's note, when it wrote one.
     pub since: Option<String>,
 }
 

@@ -584,6 +584,16 @@ async fn introspection(b: Backend) {
     let holders = other.holders(name.as_str()).await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");
     assert_eq!(holders[0].mode, Mode::Exclusive);
+    // One timestamp format on every backend: RFC 3339 UTC, microseconds,
+    // and the server's UTC, not its local time (within a minute of ours).
+    let since = holders[0].since.as_deref().expect("an exclusive holder's since");
+    assert!(
+        since.len() == 27 && since.as_bytes()[10] == b'T' && since.ends_with('Z'),
+        "[{b:?}] not RFC 3339 UTC with microseconds: {since}"
+    );
+    let at: jiff::Timestamp = since.parse().unwrap_or_else(|e| panic!("[{b:?}] {since}: {e}"));
+    let off = (jiff::Timestamp::now().as_second() - at.as_second()).abs();
+    assert!(off < 60, "[{b:?}] since {since} is {off} s from now (UTC)");
     g.release().await.unwrap();
     assert!(!other.is_locked(name.as_str()).await.unwrap());
 }

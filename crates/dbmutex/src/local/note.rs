@@ -7,7 +7,7 @@
 //! dbmutex-lock 1
 //! pid 4242
 //! application dbmutex
-//! since 2025-01-02 03:04:05+00
+//! since 2025-01-02T03:04:05.000000Z
 //! name 6
 //! report
 //! ```
@@ -97,7 +97,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Note {
 /// A time as PostgreSQL prints a UTC `timestamptz` (`2025-01-02
 /// 03:04:05+00`), so both backends' holders read alike.
 fn format_utc(time: Timestamp) -> String {
-    time.strftime("%Y-%m-%d %H:%M:%S+00").to_string()
+    time.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
 
 #[cfg(test)]
@@ -107,10 +107,12 @@ mod tests {
     #[test]
     fn utc_vectors() {
         let utc = |secs| format_utc(Timestamp::from_second(secs).unwrap());
-        assert_eq!(utc(0), "1970-01-01 00:00:00+00");
-        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00+00");
-        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20+00");
-        assert_eq!(utc(4_107_542_399), "2100-02-28 23:59:59+00");
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(utc(951_782_400), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(utc(1_700_000_000), "2023-11-14T22:13:20.000000Z");
+        assert_eq!(utc(4_107_542_399), "2100-02-28T23:59:59.000000Z");
+        let micros = Timestamp::from_microsecond(1_700_000_000_123_456).unwrap();
+        assert_eq!(format_utc(micros), "2023-11-14T22:13:20.123456Z");
     }
 
     #[test]
@@ -119,7 +121,10 @@ mod tests {
         let note = parse(&exclusive(name, "my\napp"));
         assert_eq!(note.pid, Some(i64::from(std::process::id())));
         assert_eq!(note.application.as_deref(), Some("my app"));
-        assert!(note.since.as_deref().is_some_and(|s| s.ends_with("+00")));
+        assert!(note
+            .since
+            .as_deref()
+            .is_some_and(|s| s.ends_with('Z') && s.contains('T')));
         assert_eq!(note.name.as_deref(), Some(name));
     }
 

@@ -13,7 +13,7 @@ use crate::{Error, LockName, Mode, Result};
 
 /// The holder's connection id, user, host, and when its current state began
 /// (a server timestamp), for one lock string.
-const HOLDER_SQL: &str = "SELECT l.id, p.USER, p.HOST, CAST(NOW() - INTERVAL p.TIME SECOND AS CHAR) \
+const HOLDER_SQL: &str = "SELECT l.id, p.USER, p.HOST, DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL p.TIME SECOND, '%Y-%m-%dT%H:%i:%s.%fZ') \
      FROM (SELECT IS_USED_LOCK(?) AS id) l \
      LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
      WHERE l.id IS NOT NULL";
@@ -21,7 +21,7 @@ const HOLDER_SQL: &str = "SELECT l.id, p.USER, p.HOST, CAST(NOW() - INTERVAL p.T
 /// MariaDB: granted user locks, from the `metadata_lock_info` plugin, with
 /// when each was acquired (`LOCK_TIME_MS` is the lock's age).
 const MARIADB_LIST_SQL: &str = "SELECT m.TABLE_SCHEMA, m.THREAD_ID, p.USER, p.HOST, \
-     CAST(NOW(3) - INTERVAL m.LOCK_TIME_MS * 1000 MICROSECOND AS CHAR) \
+     DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL m.LOCK_TIME_MS * 1000 MICROSECOND, '%Y-%m-%dT%H:%i:%s.%fZ') \
      FROM information_schema.METADATA_LOCK_INFO m \
      LEFT JOIN information_schema.PROCESSLIST p ON p.ID = m.THREAD_ID \
      WHERE m.LOCK_TYPE = 'User lock' ORDER BY m.THREAD_ID, m.TABLE_SCHEMA";
@@ -29,7 +29,7 @@ const MARIADB_LIST_SQL: &str = "SELECT m.TABLE_SCHEMA, m.THREAD_ID, p.USER, p.HO
 /// MySQL 8 (from its documentation; not measured here): granted user locks
 /// from performance_schema.
 const MYSQL8_LIST_SQL: &str = "SELECT m.OBJECT_NAME, t.PROCESSLIST_ID, t.PROCESSLIST_USER, \
-     t.PROCESSLIST_HOST, CAST(NOW() - INTERVAL t.PROCESSLIST_TIME SECOND AS CHAR) \
+     t.PROCESSLIST_HOST, DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL t.PROCESSLIST_TIME SECOND, '%Y-%m-%dT%H:%i:%s.%fZ') \
      FROM performance_schema.metadata_locks m \
      JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID \
      WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'GRANTED' \

@@ -49,7 +49,7 @@ pub(crate) async fn list(conn: &PgConn, prefix: &Prefix) -> Result<Vec<ListedLoc
 const LOCKS_QUERY: &str = "SELECT l.classid, l.objid, l.objsubid, l.mode, l.pid, \
      a.application_name, a.usename::text, \
      CASE WHEN a.client_addr IS NULL THEN 'local' ELSE host(a.client_addr) || ':' || a.client_port END, \
-     coalesce(a.xact_start, a.backend_start)::text, a.query \
+     to_char(coalesce(a.xact_start, a.backend_start) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), a.query \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' AND l.granted \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
