@@ -107,10 +107,8 @@ fn fifty_waiting_processes_leave_room_for_everyone_else() {
         assert!(Instant::now() < until, "not every waiter queued in the server");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let ours = rt.block_on(count(
-        &raw,
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'",
-    ));
+    let ours_sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'";
+    let ours = rt.block_on(count(&raw, ours_sql));
     println!("{WAITERS} waiting processes: {ours} server connections");
     assert!(
         ours <= WAITERS as i64 + 2,
@@ -119,10 +117,7 @@ fn fifty_waiting_processes_leave_room_for_everyone_else() {
     // And still after each has said whom it waits for (the notice after
     // 1 s looks up the holders on a connection of its own, closed soon).
     std::thread::sleep(Duration::from_millis(2500));
-    let later = rt.block_on(count(
-        &raw,
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'",
-    ));
+    let later = rt.block_on(count(&raw, ours_sql));
     println!("{WAITERS} waiting processes after their notices: {later} server connections");
     assert!(
         later <= WAITERS as i64 + 2,

@@ -33,17 +33,7 @@ fn locks_on(pg: &PrivatePg) -> i64 {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        pg.raw()
-            .await
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    })
+    rt.block_on(pg.granted_advisory_locks())
 }
 
 /// Polls until `pg` shows `want` locks (at most 10 s).

@@ -23,19 +23,6 @@ fn multi_host_url(standby: &PrivatePg, primary: &PrivatePg) -> String {
     )
 }
 
-/// How many granted advisory locks `pg` has.
-async fn locks_on(pg: &PrivatePg) -> i64 {
-    pg.raw()
-        .await
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_host_url_follows_the_promotion() {
     let primary = PrivatePg::start(PRIMARY);
@@ -48,8 +35,12 @@ async fn a_multi_host_url_follows_the_promotion() {
     let opts = LockOptions::new().fenced(true).timeout(Duration::from_secs(10));
     let g = locker.acquire(&name, &opts).await.unwrap().expect("acquired");
     let before = g.fence().unwrap();
-    assert_eq!(locks_on(&primary).await, 1, "the lock is on the primary");
-    assert_eq!(locks_on(&standby).await, 0);
+    assert_eq!(
+        primary.granted_advisory_locks().await,
+        1,
+        "the lock is on the primary"
+    );
+    assert_eq!(standby.granted_advisory_locks().await, 0);
 
     // Failover: the primary stops, the standby is promoted.
     let lost = g.lost();
@@ -87,7 +78,11 @@ async fn a_multi_host_url_follows_the_promotion() {
         "holder told {told:?} after the stop began; next lock {:?} after the promotion; tokens {before} -> {after}",
         promoted.elapsed()
     );
-    assert_eq!(locks_on(&standby).await, 1, "the lock is on the new primary");
+    assert_eq!(
+        standby.granted_advisory_locks().await,
+        1,
+        "the lock is on the new primary"
+    );
     assert!(after > before, "{before} -> {after}");
     let other = Locker::builder(&url).connect().await.unwrap();
     assert!(

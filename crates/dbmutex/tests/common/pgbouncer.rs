@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::private::is_root;
 use super::unique;
@@ -86,21 +86,9 @@ impl PgBouncer {
             Err(e) => panic!("cannot start pgbouncer (install the Debian package `pgbouncer`): {e}"),
         };
         let bouncer = PgBouncer { child, dir, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if tokio_postgres::connect(&bouncer.url(), tokio_postgres::NoTls)
-                .await
-                .is_ok()
-            {
-                return bouncer;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pgbouncer did not answer on port {port} within 10 s; its log:\n{}",
-                bouncer.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("pgbouncer on port {port}");
+        super::private::until_answers(&bouncer.url(), Duration::from_secs(10), &what, || bouncer.log()).await;
+        bouncer
     }
 
     pub fn url(&self) -> String {

@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::private::{free_port, is_root, user_ids, Instance};
 use super::PrivatePg;
@@ -110,21 +110,9 @@ impl PgPool {
             child,
             port,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok((c, conn)) = tokio_postgres::connect(&pool.url(), tokio_postgres::NoTls).await {
-                tokio::spawn(conn);
-                if c.simple_query("SELECT 1").await.is_ok() {
-                    return pool;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pgpool did not answer on port {port} within 20 s; its log:\n{}",
-                pool.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("pgpool on port {port}");
+        super::private::until_answers(&pool.url(), Duration::from_secs(20), &what, || pool.log()).await;
+        pool
     }
 
     pub fn url(&self) -> String {

@@ -202,3 +202,24 @@ fn sweep_stale(prefix: &str, stop_sh: &str) {
         }
     }
 }
+
+/// Polls until a PostgreSQL-protocol server (a pooler of the test's own)
+/// at `url` answers `SELECT 1`, every 50 ms; panics after `within`, with
+/// `what` and its log.
+pub async fn until_answers(url: &str, within: Duration, what: &str, log: impl Fn() -> String) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok((c, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            if c.simple_query("SELECT 1").await.is_ok() {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not answer within {within:?}; its log:\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -400,6 +400,19 @@ impl PrivatePg {
         client
     }
 
+    /// How many advisory locks this server has granted, to anyone.
+    pub async fn granted_advisory_locks(&self) -> i64 {
+        self.raw()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// Restarts the server (`pg_ctl restart -m fast`: sessions are ended)
     /// and waits until it answers again. Blocking.
     pub fn restart(&self) {
