@@ -328,7 +328,7 @@ impl LockerBuilder {
                         )))
                     }
                     None => {
-                        return Err(Error::Config(match crate::redact::split_scheme(url) {
+                        return Err(Error::Config(match crate::types::split_scheme(url) {
                             Some((s, _)) => format!(
                             "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
                         ),
@@ -347,6 +347,6 @@ impl LockerBuilder {
 
 /// The local backend in its pipeline.
 fn local(dir: Option<PathBuf>, settings: Settings, id: u64) -> Result<Arc<dyn Engine>> {
-    let b = crate::local::LocalBackend::new(dir)?;
+    let b = crate::local::LocalBackend::new(dir, &settings)?;
     Ok(Arc::new(Pipeline::new(b, settings, id)))
 }

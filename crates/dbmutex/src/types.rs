@@ -38,7 +38,7 @@ impl BackendKind {
     /// assert_eq!(BackendKind::from_url("redis://127.0.0.1"), None);
     /// ```
     pub fn from_url(url: &str) -> Option<BackendKind> {
-        let (scheme, _) = crate::redact::split_scheme(url)?;
+        let (scheme, _) = split_scheme(url)?;
         Self::from_scheme(&scheme)
     }
 
@@ -230,4 +230,17 @@ impl<T, E> Outcome<std::result::Result<T, E>> {
             Outcome::NotAcquired => Ok(Outcome::NotAcquired),
         }
     }
+}
+
+/// The URL's scheme, lowercased, and what follows `://`; `None` unless the
+/// text before `://` is a well-formed scheme (RFC 3986: a letter, then
+/// letters, digits, `+`, `-`, `.`), so a malformed string's text is never
+/// shown as its "scheme".
+pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let mut chars = scheme.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        && scheme.len() <= 32;
+    ok.then(|| (scheme.to_ascii_lowercase(), rest))
 }

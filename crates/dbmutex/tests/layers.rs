@@ -472,3 +472,111 @@ fn no_source_file_passes_500_lines() {
         .collect();
     assert!(long.is_empty(), "split these by concern: {long:?}");
 }
+
+/// The top-level modules (a folder is one module): no circle among them
+/// either, so that `types.rs` and `redact/` (say) do not lean on each other
+/// through different files.
+#[test]
+fn no_circle_among_top_level_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let mods: BTreeMap<ModPath, Module> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .map(|f| parse(&src, f))
+        .collect();
+    let top = |p: &ModPath| p.first().cloned().unwrap_or_else(|| "(root)".into());
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (at, m) in &mods {
+        for r in &m.refs {
+            let (from, to) = (top(at), top(&resolve(&mods, r, 0)));
+            if from != to {
+                edges.entry(from).or_default().insert(to);
+            }
+        }
+    }
+    // A circle is a pair of modules that reach each other.
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(m) = todo.pop() {
+            for n in edges.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut circles = Vec::new();
+    for a in edges.keys() {
+        for b in reach(a) {
+            if a < &b && reach(&b).contains(a) {
+                circles.push(format!("{a} <-> {b}"));
+            }
+        }
+    }
+    assert!(
+        edges.get("core").is_some_and(|t| t.contains("types")),
+        "parser lost an edge"
+    );
+    assert!(circles.is_empty(), "top-level modules in a circle: {circles:?}");
+}
+
+/// Backends are named only in their own folder and the tables that list
+/// every backend: the scheme and capability table (`types.rs`), the key
+/// scheme (`key/`), the URL syntax per scheme (`redact/`), the builder's
+/// URL dispatch and the crate root's re-exports. The core, the facade and
+/// the features composed on it (slots, once-per, runs, fencing) name none.
+/// (`error.rs` names the drivers only to read an error's SQLSTATE.)
+#[test]
+fn no_backend_is_named_outside_its_folder_and_the_tables() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    // A backend is a folder with an `impl Backend for` in it.
+    let backends: Vec<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let mut inside = Vec::new();
+            if path.is_dir() {
+                rs_files(&path, &mut inside);
+            }
+            let implements = inside
+                .iter()
+                .any(|f| std::fs::read_to_string(f).unwrap().contains("impl Backend for "));
+            implements.then(|| path.file_name().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    assert!(backends.len() >= 3, "found backends {backends:?}");
+    let tables = ["types.rs", "key", "redact", "builder.rs", "lib.rs"];
+    let mut found = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel.iter().next().unwrap().to_string_lossy().into_owned();
+        if backends.contains(&first) || tables.contains(&first.as_str()) {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        for b in &backends {
+            let variant = {
+                let mut c = b.chars();
+                c.next()
+                    .map(|h| h.to_uppercase().chain(c).collect::<String>())
+                    .unwrap_or_default()
+            };
+            for needle in [
+                format!("crate::{b}::"),
+                format!("super::{b}::"),
+                format!("BackendKind::{variant}"),
+            ] {
+                if code.contains(&needle) {
+                    found.push(format!("{} names {needle}", rel.display()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "backend names outside their folders: {found:?}");
+}

@@ -13,6 +13,7 @@
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::queue::{Queued, State, Want};
@@ -26,6 +27,12 @@ pub(crate) trait SlotExt: Default + Send + Sync + 'static {
     /// PostgreSQL lock parked for the next in-process holder).
     fn idle(&self) -> bool {
         true
+    }
+
+    /// What wakes a polling waiter of `slot` early besides an in-process
+    /// release (the local backend: a release in another process).
+    fn wake(_slot: &Slot<Self>) -> Option<&Notify> {
+        None
     }
 }
 

@@ -3,21 +3,20 @@
 //! arbitration, polling, scopes, guards (see [`super::pipeline`]).
 //!
 //! A backend only maps a name to its key, tries once (or waits in the
-//! server, if it can), hands back a [`Grant`] that releases (and, when
-//! [`Capabilities::fencing`] says so, issues fencing tokens on the lock's own
-//! session: [`Grant::fence`]), and answers who holds what.
+//! server, if it can), hands back a [`Grant`] that releases (and, where it
+//! can, runs the statements fencing tokens and once-per runs need on the
+//! lock's own session: [`OnSession`](super::guard::OnSession)), says in its
+//! own words what it cannot do, and answers who holds what.
 
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::arbiter::{Arbiter, Hold, Slot, SlotExt};
-use super::guard::Grant;
+use super::arbiter::{Hold, SlotExt};
+use super::guard::{BoxFut, Grant};
 use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -51,7 +50,7 @@ pub(crate) struct Plan {
     pub(crate) wait: WaitIn,
 }
 
-/// What the backend cannot do, for [`Backend::explain`].
+/// An option a backend may not honour ([`Backend::refusal`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Missing {
     /// Shared locks.
@@ -60,8 +59,48 @@ pub(crate) enum Missing {
     Transaction,
     /// Session locks (PostgreSQL behind a transaction pooler).
     SessionLocks,
-    /// Fencing tokens ([`Grant::fence`]).
+    /// Fencing tokens ([`OnSession::fence`](super::guard::OnSession::fence)).
     Fencing,
+    /// Upgrading a shared lock inside one task; asked when the shared
+    /// grant offers no upgrade (PostgreSQL: a transaction-level lock).
+    Upgrade,
+}
+
+impl Missing {
+    /// Whether the static capability table says `kind` can.
+    fn in_table(self, can: Capabilities) -> bool {
+        match self {
+            Missing::Shared => can.shared,
+            Missing::Transaction => can.transaction,
+            Missing::SessionLocks => can.session_locks,
+            Missing::Fencing => can.fencing,
+            Missing::Upgrade => can.upgrade,
+        }
+    }
+}
+
+/// How a wait in the server ended.
+pub(crate) enum Waited<T> {
+    /// Granted.
+    Granted(Box<dyn Grant>),
+    /// The deadline passed.
+    TimedOut,
+    /// It could not start now (PostgreSQL: the server has no connection to
+    /// spare for it); the core polls instead, with the tries handed back.
+    Poll(T),
+}
+
+/// The records a backend keeps beside its locks: fencing tokens and
+/// once-per-window runs ([`crate::fence`], [`crate::runs`]).
+pub(crate) trait Records: Send + Sync {
+    /// Creates the tables they need on the server, for a role that may;
+    /// the locks' own roles then need only the grants. Nothing to create
+    /// is `Ok`.
+    fn create_tables(&self) -> BoxFut<'_, Result<()>>;
+
+    /// The last run recorded for `key`, read without the lock; `None` if it
+    /// never ran (or the table does not exist yet).
+    fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>>;
 }
 
 /// One acquisition as the core hands it to the backend.
@@ -75,8 +114,6 @@ pub(crate) struct Attempt<'a, B: Backend> {
     /// The in-process hold, when the plan asked for one. A grant takes it
     /// (it is given back when the lock is released).
     pub(crate) hold: Option<Hold<B::Key, B::SlotExt>>,
-    /// Admitted before the first server statement; a grant takes it.
-    pub(crate) ticket: Option<B::Ticket>,
     /// The innermost lock this locker holds in a scoped call of this task.
     pub(crate) enclosing: Option<LockName>,
 }
@@ -86,72 +123,59 @@ pub(crate) trait Fut<'a, T>: Future<Output = Result<T>> + Send + 'a {}
 impl<'a, T, F: Future<Output = Result<T>> + Send + 'a> Fut<'a, T> for F {}
 
 /// A lock backend. Implementing this in one folder is all a new backend
-/// takes: the core does the rest.
+/// takes: the core does the rest (waiting, deadlines, polling, the
+/// in-process arbiter, re-entrancy, fencing order, runs, metrics).
 pub(crate) trait Backend: Send + Sync + Sized + 'static {
-    /// The database key a name maps to (its text form is [`Backend::key_text`]).
+    /// The database key a name maps to (its text form is what
+    /// [`Locker::key_of`](crate::Locker::key_of) shows).
     type Key: Clone + Eq + Hash + fmt::Display + Send + Sync + 'static;
     /// Per-key state kept beside the in-process hold.
     type SlotExt: SlotExt;
-    /// Room in the server admitted before the first server statement.
-    type Ticket: Send + 'static;
-    /// What one polling wait prepares once for all its tries (a session).
+    /// What one acquisition prepares once, after the in-process hold, for
+    /// all its tries and its wait (room in the server, a session); a grant
+    /// takes what it needs of it.
     type Tries: Send + Sync;
 
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
 
-    /// What it can do now (PostgreSQL turns session locks off behind a pooler).
-    fn capabilities(&self) -> Capabilities {
-        self.kind().capabilities()
+    /// Why this backend cannot honour `missing` here, in its own words;
+    /// `None` if it can. By default the capability table
+    /// ([`BackendKind::capabilities`]) decides, with a plain wording.
+    fn refusal(&self, missing: Missing) -> Option<String> {
+        (!missing.in_table(self.kind().capabilities()))
+            .then(|| format!("the {} backend cannot do this: {missing:?}", self.kind().as_str()))
     }
-
-    /// The refusal's wording for an option it cannot honour.
-    fn explain(&self, missing: Missing) -> String;
 
     /// The key `name` maps to with this locker's prefix.
-    fn key(&self, name: &LockName, settings: &Settings) -> Result<Self::Key>;
-
-    /// The key as [`Locker::key_of`](crate::Locker::key_of) shows it.
-    fn key_text(&self, key: &Self::Key) -> String {
-        key.to_string()
-    }
-
-    /// The in-process arbiter.
-    fn arbiter(&self) -> &Arc<Arbiter<Self::Key, Self::SlotExt>>;
+    fn key(&self, name: &LockName) -> Result<Self::Key>;
 
     /// How to wait for this acquisition.
     fn plan(&self, opts: &LockOptions) -> Plan;
 
-    /// Admits one more server lock (after the hold: waiters queued in
-    /// process take no room).
-    fn admit<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Self::Ticket>;
-
-    /// Prepares the tries of one polling wait.
-    fn prepare<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Self::Tries>;
-
-    /// What wakes a polling waiter early besides an in-process release.
-    fn wake(_slot: &Slot<Self::SlotExt>) -> Option<&Notify> {
-        None
-    }
+    /// Prepares one acquisition's tries (after the in-process hold:
+    /// waiters queued in process take no room in the server).
+    fn begin<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Self::Tries>;
 
     /// One try that never waits: `Ok(None)` when someone else holds it.
+    /// Only called when the plan polls or tries first (a backend that only
+    /// waits in the server needs none).
     fn try_once<'a>(
         &'a self,
-        tries: &'a Self::Tries,
-        at: &'a mut Attempt<'_, Self>,
-    ) -> impl Fut<'a, Option<Box<dyn Grant>>>;
-
-    /// Under [`WaitIn::TryThenServer`]: whether a wait in the server can
-    /// start now (PostgreSQL: a connection for it is at hand). If not (the
-    /// server refuses more connections), the core polls instead.
-    fn ready_to_wait<'a>(&'a self, _at: &'a Attempt<'_, Self>) -> impl Fut<'a, bool> {
-        std::future::ready(Ok(true))
+        _tries: &'a Self::Tries,
+        _at: &'a mut Attempt<'_, Self>,
+    ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
+        async { Err(Error::Unsupported("this backend only waits in the server".into())) }
     }
 
     /// Waits in the server until `at.deadline`; only called when the plan
     /// says [`WaitIn::Server`] or [`WaitIn::TryThenServer`] (then `at.hold`
     /// is the in-process hold: the grant keeps it until released).
-    fn wait_in_server<'a>(&'a self, _at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
+    fn wait_in_server<'a>(
+        &'a self,
+        _tries: Self::Tries,
+        _at: &'a mut Attempt<'_, Self>,
+    ) -> impl Fut<'a, Waited<Self::Tries>> {
         async {
             Err(Error::Unsupported(
                 "this backend cannot wait in the server".into(),
@@ -159,43 +183,14 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         }
     }
 
-    /// Creates the tables fencing tokens and once-per-window runs need on
-    /// the server ([`crate::fence`], [`crate::runs`]), for a role that may;
-    /// the locks' own roles then need only the grants. Nothing to create
-    /// is `Ok`.
-    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        async { Err(Error::Unsupported("this backend keeps no tables".into())) }
-    }
-
-    /// The last run recorded for `key` ([`crate::runs`]), read without the
-    /// lock; `None` if it never ran (or the table does not exist yet).
-    fn last_run<'a>(
-        &'a self,
-        _name: &'a LockName,
-        _key: &'a Self::Key,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, Option<LastRun>> {
-        async { Err(Error::Unsupported("this backend records no runs".into())) }
-    }
-
     /// Who holds `key` now.
-    fn holders<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a Self::Key,
-        settings: &'a Settings,
-    ) -> impl Fut<'a, Vec<Holder>>;
-
-    /// Whether anyone holds `key` now.
-    fn is_locked<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a Self::Key,
-        settings: &'a Settings,
-    ) -> impl Fut<'a, bool> {
-        async move { Ok(!self.holders(name, key, settings).await?.is_empty()) }
-    }
+    fn holders<'a>(&'a self, name: &'a LockName, key: &'a Self::Key) -> impl Fut<'a, Vec<Holder>>;
 
     /// Every lock held on the server now.
-    fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>>;
+    fn list(&self) -> impl Fut<'_, Vec<ListedLock>>;
+
+    /// The records it keeps (fencing tokens, runs), if any.
+    fn records(&self) -> Option<&dyn Records> {
+        None
+    }
 }

@@ -33,33 +33,11 @@ pub(crate) trait Grant: Send + Sync + 'static {
     /// This lock's loss token.
     fn loss(&self) -> LossToken;
 
-    /// Issues the next fencing token of `key` (the backend's key text)
-    /// while this grant holds the lock, on the lock's own session where
-    /// there is one, so that a token is never handed out for a lock that
-    /// session no longer holds. Committed (durable) before it returns. The
-    /// core calls it once, right after the grant, when
-    /// [`LockOptions::fenced`](crate::LockOptions::fenced) asks; a backend
-    /// that cannot says [`Capabilities::fencing`](crate::Capabilities) = false.
-    fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "this backend issues no fencing tokens".into(),
-        ))))
-    }
-
-    /// Reads this lock's last run and, if none started within `window` (by
-    /// the server's clock), records a start by `who`; both on the lock's
-    /// own session while it holds the lock (see [`crate::runs`]).
-    fn start_run(&self, _window: Duration, _who: Who) -> BoxFuture<Result<RunStart>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "once-per-window runs need an exclusive session lock".into(),
-        ))))
-    }
-
-    /// Records the end of `run`, started under this hold.
-    fn finish_run(&self, _run: u64, _exit_code: Option<i32>) -> BoxFuture<Result<()>> {
-        Box::pin(std::future::ready(Err(Error::Unsupported(
-            "once-per-window runs need an exclusive session lock".into(),
-        ))))
+    /// The statements fencing tokens and once-per runs need, run on the
+    /// lock's own session while this grant holds the lock; `None` if this
+    /// backend cannot.
+    fn on_session(&self) -> Option<&dyn OnSession> {
+        None
     }
 
     /// For a shared lock whose session can also take it exclusive: how a
@@ -67,6 +45,25 @@ pub(crate) trait Grant: Send + Sync + 'static {
     fn upgrader(&self) -> Option<std::sync::Arc<dyn super::upgradable::Upgrade>> {
         None
     }
+}
+
+/// Statements on a held lock's own session (where there is one), so that
+/// nothing is recorded for a lock that session no longer holds: what
+/// fencing tokens ([`crate::fence`]) and once-per-window runs
+/// ([`crate::runs`]) need of a backend.
+pub(crate) trait OnSession: Send + Sync {
+    /// Issues the next fencing token of `key` (the backend's key text),
+    /// committed (durable) before it returns. The core calls it once, right
+    /// after the grant, when [`LockOptions::fenced`](crate::LockOptions::fenced)
+    /// asks.
+    fn fence(&self, key: String) -> BoxFuture<Result<u64>>;
+
+    /// Reads this lock's last run and, if none started within `window` (by
+    /// the server's clock), records a start by `who`.
+    fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>>;
+
+    /// Records the end of `run`, started under this hold.
+    fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>>;
 }
 
 /// An acquired lock. Release it with [`LockGuard::release`]; dropping it also
@@ -100,6 +97,9 @@ pub struct LockGuard {
     metrics: Hold,
     /// When the hold passes its `max_hold`.
     max_hold_at: Option<tokio::time::Instant>,
+    /// The locker's server-wait permit a wait in the server took (its
+    /// connection), kept until the lock is released.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -113,8 +113,10 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         grant: Box<dyn Grant>,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
         name: LockName,
         mode: Mode,
         fence: Option<u64>,
@@ -134,6 +136,7 @@ impl LockGuard {
             acquired_at: Instant::now(),
             count,
             max_hold_at,
+            _permit: permit,
         }
     }
 
@@ -170,8 +173,7 @@ impl LockGuard {
     /// no longer held; [`Error::Config`] if the table is missing and this
     /// role may not create it.
     pub async fn start_run(&self, window: Duration) -> Result<RunStart> {
-        let grant = self.live_exclusive()?;
-        grant.start_run(window, Who::me()).await
+        self.live_exclusive()?.start_run(window, Who::me()).await
     }
 
     /// Records the end of `run` (from [`LockGuard::start_run`] on this
@@ -183,12 +185,11 @@ impl LockGuard {
     /// [`Error::LockLost`] if the lock is no longer held (the record then
     /// keeps the start only).
     pub async fn finish_run(&self, run: &Run, exit_code: Option<i32>) -> Result<()> {
-        let grant = self.live_exclusive()?;
-        grant.finish_run(run.run, exit_code).await
+        self.live_exclusive()?.finish_run(run.run, exit_code).await
     }
 
-    /// The grant, if it still holds an exclusive lock.
-    fn live_exclusive(&self) -> Result<&dyn Grant> {
+    /// The grant's session statements, if it still holds an exclusive lock.
+    fn live_exclusive(&self) -> Result<&dyn OnSession> {
         if self.mode != Mode::Exclusive {
             return Err(Error::Unsupported(
                 "once-per-window runs need an exclusive lock: shared holders do not exclude each other"
@@ -196,7 +197,9 @@ impl LockGuard {
             ));
         }
         match &self.grant {
-            Some(g) if self.is_held() => Ok(g.as_ref()),
+            Some(g) if self.is_held() => g.on_session().ok_or_else(|| {
+                Error::Unsupported("once-per-window runs need an exclusive session lock".into())
+            }),
             _ => Err(Error::LockLost {
                 name: self.name.to_string(),
             }),

@@ -24,7 +24,6 @@ pub(crate) mod guard;
 pub(crate) mod idle;
 pub(crate) mod loss;
 pub(crate) mod metrics;
-pub(crate) mod permitted;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
 pub(crate) mod scope;

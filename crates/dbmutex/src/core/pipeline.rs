@@ -10,10 +10,12 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
-use super::backend::{Attempt, Backend, Missing, WaitIn};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::arbiter::{Arbiter, SlotExt};
+use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
-use super::permitted::Permitted;
 use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{self, Backoff};
 use crate::runs::LastRun;
@@ -51,6 +53,9 @@ const RECONNECT_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1)
 /// The pipeline over one backend.
 pub(crate) struct Pipeline<B: Backend> {
     backend: B,
+    /// The in-process arbiter: tasks of this locker told apart before the
+    /// server sees them.
+    arbiter: Arc<Arbiter<B::Key, B::SlotExt>>,
     settings: Settings,
     id: u64,
     /// Locks held through this locker now (the cap).
@@ -67,6 +72,7 @@ impl<B: Backend> Pipeline<B> {
                 settings.max_server_waits.min(Semaphore::MAX_PERMITS),
             )),
             backend,
+            arbiter: Arc::default(),
             settings,
             id,
             count: Arc::default(),
@@ -120,20 +126,20 @@ impl<B: Backend> Pipeline<B> {
         }
         let reservation = Reservation(&self.count);
         self.refuse(opts)?;
-        let key = self.backend.key(&name, &self.settings)?;
+        let key = self.backend.key(&name)?;
         let start = tokio::time::Instant::now();
         let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
         let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts), span).await?;
         let waited_us = start.elapsed().as_micros() as u64;
         match grant {
-            Some(g) => {
+            Some(Granted { grant: g, permit }) => {
                 // Issued after the grant and before the guard exists, so
                 // token order is lock order. Without a token the lock is
                 // released before the error returns (cancelled here, `g`
                 // is dropped, which releases it too).
                 let fence = match opts.fenced {
                     false => None,
-                    true => match g.fence(self.backend.key_text(&key)).await {
+                    true => match fence(g.as_ref(), key.to_string()).await {
                         Ok(token) => Some(token),
                         Err(e) => {
                             if let Err(r) = g.release().await {
@@ -147,6 +153,7 @@ impl<B: Backend> Pipeline<B> {
                 tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, fence, "dbmutex: acquired");
                 Ok(Some(LockGuard::new(
                     g,
+                    permit,
                     name,
                     opts.mode,
                     fence,
@@ -178,20 +185,14 @@ impl<B: Backend> Pipeline<B> {
                     .into(),
             ));
         }
-        let can = self.backend.capabilities();
-        let missing = if opts.mode == Mode::Shared && !can.shared {
-            Some(Missing::Shared)
-        } else if opts.transaction && !can.transaction {
-            Some(Missing::Transaction)
-        } else if !opts.transaction && !can.session_locks {
-            Some(Missing::SessionLocks)
-        } else if opts.fenced && !can.fencing {
-            Some(Missing::Fencing)
-        } else {
-            None
-        };
-        match missing {
-            Some(m) => Err(Error::Unsupported(self.backend.explain(m))),
+        let needs = [
+            (opts.mode == Mode::Shared).then_some(Missing::Shared),
+            opts.transaction.then_some(Missing::Transaction),
+            (!opts.transaction).then_some(Missing::SessionLocks),
+            opts.fenced.then_some(Missing::Fencing),
+        ];
+        match needs.into_iter().flatten().find_map(|m| self.backend.refusal(m)) {
+            Some(why) => Err(Error::Unsupported(why)),
             None => Ok(()),
         }
     }
@@ -201,12 +202,7 @@ impl<B: Backend> Pipeline<B> {
     /// a dropped connection or a pooler slow to hand out a session
     /// (reconnecting with backoff), and fails with the last error only once
     /// its own bound has passed. A try-once fails at once.
-    async fn grant(
-        &self,
-        name: &LockName,
-        key: &B::Key,
-        opts: &LockOptions,
-    ) -> Result<Option<Box<dyn Grant>>> {
+    async fn grant(&self, name: &LockName, key: &B::Key, opts: &LockOptions) -> Result<Option<Granted>> {
         let deadline = wait::deadline(opts.timeout);
         let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
         let mut told = false;
@@ -241,26 +237,25 @@ impl<B: Backend> Pipeline<B> {
         }
     }
 
-    /// Hold → admit → wait, once.
+    /// Hold → begin → wait, once.
     async fn grant_once(
         &self,
         name: &LockName,
         key: &B::Key,
         opts: &LockOptions,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<Option<Box<dyn Grant>>> {
+    ) -> Result<Option<Granted>> {
         let plan = self.backend.plan(opts);
         // In-process first: costs the server nothing, and the server could
         // not tell the tasks on one session apart anyway.
         let hold = if plan.hold {
-            match self.backend.arbiter().hold(key, opts.mode, deadline).await {
+            match self.arbiter.hold(key, opts.mode, deadline).await {
                 Some(h) => Some(h),
                 None => return Ok(None),
             }
         } else {
             None
         };
-        let ticket = self.backend.admit(&self.settings).await?;
         let mut at = Attempt {
             name,
             key,
@@ -268,56 +263,63 @@ impl<B: Backend> Pipeline<B> {
             settings: &self.settings,
             deadline,
             hold,
-            ticket: Some(ticket),
             enclosing: super::scope::enclosing(self.id),
         };
+        let tries = self.backend.begin(&at).await?;
         // The waits are boxed: only the first try is inline in the
         // acquisition's future, which stays small (it is moved on every
         // acquisition); a wait costs one allocation besides.
-        match plan.wait {
-            WaitIn::Server => Box::pin(self.backend.wait_in_server(&mut at)).await,
-            WaitIn::Poll { max_backoff } => {
-                let tries = self.backend.prepare(&at).await?;
-                Box::pin(self.poll(&tries, &mut at, max_backoff)).await
-            }
+        let g = match plan.wait {
+            WaitIn::Server => match Box::pin(self.backend.wait_in_server(tries, &mut at)).await? {
+                Waited::Granted(g) => Some(g),
+                Waited::TimedOut => None,
+                Waited::Poll(_) => {
+                    return Err(Error::Database(
+                        "the server wait asked to poll where the backend cannot".into(),
+                    ))
+                }
+            },
+            WaitIn::Poll { max_backoff } => Box::pin(self.poll(&tries, &mut at, max_backoff)).await?,
             WaitIn::TryThenServer { max_backoff } => {
-                let tries = self.backend.prepare(&at).await?;
                 if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
-                    return Ok(Some(g));
+                    return Ok(Some(Granted::new(g, None)));
                 }
                 if opts.is_try_once() || at.deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     return Ok(None);
                 }
-                // The tries go first: the backend may wait on their own
-                // session.
-                drop(tries);
-                Box::pin(self.wait_after_try(&mut at, max_backoff)).await
+                return Box::pin(self.wait_after_try(tries, &mut at, max_backoff)).await;
             }
-        }
+        };
+        Ok(g.map(|g| Granted::new(g, None)))
     }
 
     /// [`WaitIn::TryThenServer`] once the try failed: a permit (the
-    /// locker's bound on server waits) and a connection to wait on, then
-    /// the wait in the server; without either, poll.
+    /// locker's bound on server waits), then the wait in the server; without
+    /// a permit, or when the backend cannot wait now, poll.
     async fn wait_after_try(
         &self,
+        tries: B::Tries,
         at: &mut Attempt<'_, B>,
         max_backoff: std::time::Duration,
-    ) -> Result<Option<Box<dyn Grant>>> {
-        let permit = match self.server_waits.clone().try_acquire_owned() {
-            Ok(p) if self.backend.ready_to_wait(at).await? => p,
-            _ => {
-                let tries = self.backend.prepare(at).await?;
-                return self.poll(&tries, at, max_backoff).await;
+    ) -> Result<Option<Granted>> {
+        let (tries, permit) = match self.server_waits.clone().try_acquire_owned() {
+            Ok(permit) => match self.backend.wait_in_server(tries, at).await? {
+                Waited::Granted(g) => return Ok(Some(Granted::new(g, Some(permit)))),
+                Waited::TimedOut => return Ok(None),
+                Waited::Poll(tries) => (tries, permit),
+            },
+            Err(_) => {
+                return Ok(self
+                    .poll(&tries, at, max_backoff)
+                    .await?
+                    .map(|g| Granted::new(g, None)))
             }
         };
-        let g = self.backend.wait_in_server(at).await?;
-        Ok(g.map(|grant| {
-            Box::new(Permitted {
-                grant,
-                _permit: permit,
-            }) as Box<dyn Grant>
-        }))
+        drop(permit);
+        Ok(self
+            .poll(&tries, at, max_backoff)
+            .await?
+            .map(|g| Granted::new(g, None)))
     }
 
     /// Tries until granted or the deadline passed, pausing with backoff,
@@ -329,7 +331,7 @@ impl<B: Backend> Pipeline<B> {
         max_backoff: std::time::Duration,
     ) -> Result<Option<Box<dyn Grant>>> {
         let slot = at.hold.as_ref().map(|h| h.slot().clone());
-        let wake = slot.as_deref().and_then(B::wake);
+        let wake = slot.as_deref().and_then(<B::SlotExt as SlotExt>::wake);
         let mut backoff = Backoff::new(at.deadline, max_backoff);
         loop {
             // Registered before the try, so a release between the try and
@@ -354,7 +356,10 @@ impl<B: Backend> Engine for Pipeline<B> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.backend.capabilities()
+        Capabilities {
+            session_locks: self.backend.refusal(Missing::SessionLocks).is_none(),
+            ..self.backend.kind().capabilities()
+        }
     }
 
     fn id(&self) -> u64 {
@@ -372,37 +377,37 @@ impl<B: Backend> Engine for Pipeline<B> {
     fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>> {
         Box::pin(async move {
             name.validate()?;
-            let key = self.backend.key(&name, &self.settings)?;
-            self.backend.holders(&name, &key, &self.settings).await
+            let key = self.backend.key(&name)?;
+            self.backend.holders(&name, &key).await
         })
     }
 
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>> {
         Box::pin(async move {
             name.validate()?;
-            let key = self.backend.key(&name, &self.settings)?;
-            self.backend.is_locked(&name, &key, &self.settings).await
+            let key = self.backend.key(&name)?;
+            Ok(!self.backend.holders(&name, &key).await?.is_empty())
         })
     }
 
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>> {
-        Box::pin(self.backend.list(&self.settings))
+        Box::pin(self.backend.list())
     }
 
     fn key_of(&self, name: &LockName) -> Result<String> {
         name.validate()?;
-        Ok(self.backend.key_text(&self.backend.key(name, &self.settings)?))
+        Ok(self.backend.key(name)?.to_string())
     }
 
     fn create_tables(&self) -> BoxFut<'_, Result<()>> {
-        Box::pin(self.backend.create_tables(&self.settings))
+        Box::pin(async move { self.records()?.create_tables().await })
     }
 
     fn last_run(&self, name: LockName) -> BoxFut<'_, Result<Option<LastRun>>> {
         Box::pin(async move {
             name.validate()?;
-            let key = self.backend.key(&name, &self.settings)?;
-            self.backend.last_run(&name, &key, &self.settings).await
+            let key = self.backend.key(&name)?;
+            self.records()?.last_run(&name, &key.to_string()).await
         })
     }
 
@@ -420,13 +425,45 @@ impl<B: Backend> Engine for Pipeline<B> {
                 self.settings.metrics_name_label,
             );
             let measured = Measured::start(labels);
-            let r = match self.backend.key(name, &self.settings) {
-                Ok(key) => upgrade::acquire(&self.backend, &key, name, opts, up).await,
+            let r = match self.backend.key(name) {
+                Ok(key) => upgrade::acquire(&self.backend, &self.arbiter, &key, name, opts, up).await,
                 Err(e) => Err(e),
             };
             measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
             r
         })
+    }
+}
+
+impl<B: Backend> Pipeline<B> {
+    /// The backend's records, or why there are none.
+    fn records(&self) -> Result<&dyn super::backend::Records> {
+        self.backend.records().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "the {} backend keeps no records (fencing tokens, runs)",
+                self.backend.kind().as_str()
+            ))
+        })
+    }
+}
+
+/// A grant, with the server-wait permit it took (kept until released).
+struct Granted {
+    grant: Box<dyn Grant>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Granted {
+    fn new(grant: Box<dyn Grant>, permit: Option<OwnedSemaphorePermit>) -> Self {
+        Granted { grant, permit }
+    }
+}
+
+/// The grant's fencing token, on its own session.
+async fn fence(g: &dyn Grant, key: String) -> Result<u64> {
+    match g.on_session() {
+        Some(s) => s.fence(key).await,
+        None => Err(Error::Unsupported("this backend issues no fencing tokens".into())),
     }
 }
 

@@ -18,27 +18,12 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::arbiter::{wait_queued, Arbiter, SlotExt, SlotRef};
-use super::backend::Backend;
+use super::backend::{Backend, Missing};
 use super::loss::LossToken;
 use super::queue::{Queued, Want};
 pub(crate) use super::upgradable::Upgrade;
 use super::wait::{self, Backoff};
-use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result};
-
-/// Why `kind` cannot upgrade here (no [`Upgrade`] from the shared grant).
-fn cannot(kind: BackendKind) -> &'static str {
-    match kind {
-        BackendKind::Local => {
-            "the local backend cannot upgrade a shared lock: flock(2) converts shared to exclusive \
-             by dropping the shared lock first, so another process could take the lock in between"
-        }
-        BackendKind::Postgres => {
-            "a transaction-level lock (transaction(true)) cannot be upgraded: the exclusive lock \
-             could not be given back before the transaction ends"
-        }
-        _ => "this backend has no shared locks to upgrade",
-    }
-}
+use crate::{Error, LockName, LockOptions, Mode, Result};
 
 /// An acquisition of `name` in `wanted` by a task that holds it `held`
 /// through a scoped call of the same locker: it would wait for itself.
@@ -162,6 +147,7 @@ impl Drop for Upgraded {
 /// exclusive is left held and the shared lock stays.
 pub(crate) async fn acquire<B: Backend>(
     backend: &B,
+    arbiter: &Arc<Arbiter<B::Key, B::SlotExt>>,
     key: &B::Key,
     name: &LockName,
     opts: &LockOptions,
@@ -178,7 +164,10 @@ pub(crate) async fn acquire<B: Backend>(
         return Err(Error::Unsupported(why.into()));
     }
     let Some(up) = up else {
-        return Err(Error::Unsupported(cannot(backend.kind()).into()));
+        let why = backend.refusal(Missing::Upgrade);
+        return Err(Error::Unsupported(
+            why.unwrap_or_else(|| "this lock cannot be upgraded".into()),
+        ));
     };
     let deadline = wait::deadline(opts.timeout);
     let deadlock = |who: &str| Error::Deadlock {
@@ -188,13 +177,13 @@ pub(crate) async fn acquire<B: Backend>(
         )
         .into(),
     };
-    let upgrading = match begin(backend.arbiter(), key, up.in_process(), deadline).await {
+    let upgrading = match begin(arbiter, key, up.in_process(), deadline).await {
         Err(()) => return Err(deadlock("another task of this locker")),
         Ok(None) => return Ok(None),
         Ok(Some(u)) => u,
     };
     let slot = upgrading.slot.slot().clone();
-    let wake = B::wake(&slot);
+    let wake = <B::SlotExt as SlotExt>::wake(&slot);
     let mut backoff = Backoff::new(deadline, opts.max_backoff);
     // Claimed after the first failed try: an uncontended upgrade costs one
     // round trip.

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::file::{blocking, io_error, LockFile};
+use super::wake::Woken;
 use super::{fence, runs};
 use crate::core::arbiter::Hold;
-use crate::core::guard::{BoxFuture, Grant};
+use crate::core::guard::{BoxFuture, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::Result;
@@ -21,11 +22,11 @@ pub(super) struct FileGrant {
     file: Option<Arc<LockFile>>,
     /// Where the lock file is (its fence file is beside it).
     path: PathBuf,
-    hold: Option<Hold<String>>,
+    hold: Option<Hold<String, Woken>>,
 }
 
 impl FileGrant {
-    pub(super) fn new(file: LockFile, path: PathBuf, hold: Option<Hold<String>>) -> Self {
+    pub(super) fn new(file: LockFile, path: PathBuf, hold: Option<Hold<String, Woken>>) -> Self {
         FileGrant {
             file: Some(Arc::new(file)),
             path,
@@ -65,6 +66,12 @@ impl Grant for FileGrant {
         LossToken::never()
     }
 
+    fn on_session(&self) -> Option<&dyn OnSession> {
+        Some(self)
+    }
+}
+
+impl OnSession for FileGrant {
     fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
         self.beside(fence::issue)
     }

@@ -86,9 +86,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::core::arbiter::{Arbiter, Slot};
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
-use crate::core::guard::Grant;
+use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn};
+use crate::core::guard::{BoxFut, Grant};
 use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
@@ -96,11 +95,12 @@ use crate::{BackendKind, LockName, LockOptions, Mode, Result};
 use file::{blocking, io_error, LockFile};
 use grant::FileGrant;
 use turns::MAX_POLL;
+use wake::Woken;
 
 pub(crate) struct LocalBackend {
     dir: PathBuf,
-    /// Keyed by file name, which is what the OS lock is on.
-    arbiter: Arc<Arbiter<String>>,
+    /// The locker's name prefix.
+    prefix: crate::Prefix,
 }
 
 /// What one acquisition needs on the blocking pool.
@@ -139,12 +139,12 @@ fn attempt(req: &Request, fd: Option<LockFile>) -> Result<Tried> {
 }
 
 impl LocalBackend {
-    pub(crate) fn new(dir: Option<PathBuf>) -> Result<Self> {
+    pub(crate) fn new(dir: Option<PathBuf>, settings: &Settings) -> Result<Self> {
         let dir = dir::resolve(dir)?;
         tracing::debug!(dir = %dir.display(), "dbmutex: local lock directory");
         Ok(LocalBackend {
             dir,
-            arbiter: Arc::default(),
+            prefix: settings.prefix.clone(),
         })
     }
 }
@@ -162,31 +162,31 @@ pub(crate) struct Tries {
 impl Backend for LocalBackend {
     /// The lock file's name, which is what the OS lock is on.
     type Key = String;
-    type SlotExt = ();
-    type Ticket = ();
+    type SlotExt = Woken;
     type Tries = Tries;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Local
     }
 
-    fn explain(&self, missing: Missing) -> String {
+    fn refusal(&self, missing: Missing) -> Option<String> {
         match missing {
-            Missing::Transaction => {
+            Missing::Transaction => Some(
                 "transaction-level locks need PostgreSQL; the local backend has no transactions \
                  (drop `transaction(true)` for a lock held until the guard is released)"
-                    .into()
-            }
-            m => format!("the local backend cannot do this: {m:?}"),
+                    .into(),
+            ),
+            Missing::Upgrade => Some(
+                "the local backend cannot upgrade a shared lock: flock(2) converts shared to exclusive \
+                 by dropping the shared lock first, so another process could take the lock in between"
+                    .into(),
+            ),
+            Missing::Shared | Missing::SessionLocks | Missing::Fencing => None,
         }
     }
 
-    fn key(&self, name: &LockName, settings: &Settings) -> Result<String> {
-        local_file_name(name, &settings.prefix)
-    }
-
-    fn arbiter(&self) -> &Arc<Arbiter<String>> {
-        &self.arbiter
+    fn key(&self, name: &LockName) -> Result<String> {
+        local_file_name(name, &self.prefix)
     }
 
     /// Polls: the kernel's file locks have no queue to wait in.
@@ -199,11 +199,7 @@ impl Backend for LocalBackend {
         }
     }
 
-    fn admit<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        std::future::ready(Ok(()))
-    }
-
-    fn prepare<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Tries> {
+    fn begin<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Tries> {
         std::future::ready(Ok(Tries {
             req: Arc::new(Request {
                 path: self.dir.join(at.key),
@@ -221,12 +217,6 @@ impl Backend for LocalBackend {
                     .map(|h| wake::channel_of(Arc::as_ptr(h.slot()) as usize)),
             )),
         }))
-    }
-
-    /// A release of the lock file in another process wakes its waiter here
-    /// (see [`wake`]).
-    fn wake(slot: &Slot) -> Option<&Notify> {
-        Some(wake::channel(wake::channel_of(slot as *const Slot as usize)))
     }
 
     /// # Cancel safety
@@ -278,38 +268,7 @@ impl Backend for LocalBackend {
         }
     }
 
-    /// Fence and run files appear beside the lock files: nothing to create.
-    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        std::future::ready(Ok(()))
-    }
-
-    fn last_run<'a>(
-        &'a self,
-        _name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, Option<crate::runs::LastRun>> {
-        let path = self.dir.join(key);
-        blocking(move || Ok(runs::last(&path)?.map(|(last, _)| last)))
-    }
-
-    fn is_locked<'a>(
-        &'a self,
-        _name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, bool> {
-        let path = self.dir.join(key);
-        // Tasks of this process hold the file too, so the probe sees them.
-        blocking(move || Ok(file::probe(&path)?.is_some()))
-    }
-
-    fn holders<'a>(
-        &'a self,
-        _name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, Vec<Holder>> {
+    fn holders<'a>(&'a self, _name: &'a LockName, key: &'a String) -> impl Fut<'a, Vec<Holder>> {
         let path = self.dir.join(key);
         blocking(move || {
             Ok(match file::probe(&path)? {
@@ -319,10 +278,31 @@ impl Backend for LocalBackend {
         })
     }
 
-    fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
+    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
         let dir = self.dir.clone();
-        let prefix = settings.prefix.text().to_owned();
+        let prefix = self.prefix.text().to_owned();
         blocking(move || list_dir(&dir, &prefix))
+    }
+
+    fn records(&self) -> Option<&dyn Records> {
+        Some(self)
+    }
+}
+
+/// Fence and run files live beside the lock files.
+impl Records for LocalBackend {
+    /// Nothing to create.
+    fn create_tables(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn last_run<'a>(
+        &'a self,
+        _name: &'a LockName,
+        key: &'a str,
+    ) -> BoxFut<'a, Result<Option<crate::runs::LastRun>>> {
+        let path = self.dir.join(key);
+        Box::pin(blocking(move || Ok(runs::last(&path)?.map(|(last, _)| last))))
     }
 }
 

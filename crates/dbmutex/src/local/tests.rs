@@ -52,8 +52,9 @@ fn settings(prefix: &str) -> Settings {
 
 /// A locker on `dir` with `prefix`, through the core's pipeline.
 fn locker(dir: &TempDir, prefix: &str) -> Pipeline<LocalBackend> {
-    let b = LocalBackend::new(Some(dir.path().to_owned())).unwrap();
-    Pipeline::new(b, settings(prefix), 1)
+    let settings = settings(prefix);
+    let b = LocalBackend::new(Some(dir.path().to_owned()), &settings).unwrap();
+    Pipeline::new(b, settings, 1)
 }
 
 fn backend(dir: &TempDir) -> Pipeline<LocalBackend> {

@@ -18,6 +18,8 @@
 
 use tokio::sync::Notify;
 
+use crate::core::arbiter::{Slot, SlotExt};
+
 /// Every wake-up socket's name starts so.
 pub(super) const PREFIX: &str = "dbmutex-wake-";
 
@@ -128,5 +130,16 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), woken)
             .await
             .expect("woken");
+    }
+}
+
+/// The in-process state of a key: a release of the lock file in another
+/// process wakes its waiters here (see [`channel`]).
+#[derive(Default)]
+pub(crate) struct Woken;
+
+impl SlotExt for Woken {
+    fn wake(slot: &Slot<Self>) -> Option<&Notify> {
+        Some(channel(channel_of(slot as *const Slot<Self> as usize)))
     }
 }

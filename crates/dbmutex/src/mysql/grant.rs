@@ -15,7 +15,7 @@ use super::lock_conn::{ping_timeout, LockConn};
 use super::registry::Shared;
 use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant};
+use crate::core::guard::{BoxFuture, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Error, LockName, Result};
@@ -112,20 +112,26 @@ impl Grant for MyGrant {
         LossToken::of(self.lost.clone())
     }
 
+    fn on_session(&self) -> Option<&dyn OnSession> {
+        Some(self)
+    }
+}
+
+impl OnSession for MyGrant {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
-        self.on_session("a fencing token", move |lc, lock, name| {
+        self.on_lock_session("a fencing token", move |lc, lock, name| {
             super::fence::issue(lc, key, lock, name)
         })
     }
 
     fn start_run(&self, window: Duration, who: Who) -> BoxFuture<Result<RunStart>> {
-        self.on_session("a run", move |lc, lock, name| {
+        self.on_lock_session("a run", move |lc, lock, name| {
             super::runs::start(lc, lock, name, window, who)
         })
     }
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
-        self.on_session("a run", move |lc, lock, name| {
+        self.on_lock_session("a run", move |lc, lock, name| {
             super::runs::finish(lc, lock, name, run, exit_code)
         })
     }
@@ -135,7 +141,7 @@ impl MyGrant {
     /// Runs `work` on the lock's session while this grant holds it:
     /// spawned, as the release is, since a statement cut off midway would
     /// leave the session's protocol state unknown.
-    fn on_session<T, F, Fut>(&self, what: &str, work: F) -> BoxFuture<Result<T>>
+    fn on_lock_session<T, F, Fut>(&self, what: &str, work: F) -> BoxFuture<Result<T>>
     where
         T: Send + 'static,
         F: FnOnce(Arc<LockConn>, String, LockName) -> Fut,

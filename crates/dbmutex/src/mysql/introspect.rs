@@ -58,15 +58,6 @@ fn holder(row: Row) -> Option<Holder> {
     })
 }
 
-pub(super) async fn is_locked(connector: &Connector, name: &LockName, lock: &str) -> Result<bool> {
-    let lock = lock.to_owned();
-    let row: Option<(Option<i64>,)> = connector
-        .run(|c| c.exec_first("SELECT IS_USED_LOCK(?)", (lock.clone(),)))
-        .await
-        .map_err(|e| run_err(e, name))?;
-    Ok(row.and_then(|(id,)| id).is_some())
-}
-
 pub(super) async fn holders(connector: &Connector, name: &LockName, lock: &str) -> Result<Vec<Holder>> {
     let lock = lock.to_owned();
     let rows: Vec<Row> = connector

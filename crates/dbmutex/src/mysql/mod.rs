@@ -166,9 +166,9 @@ use grant::MyGrant;
 use lock_conn::LockConn;
 use registry::Shared;
 
-use crate::core::arbiter::{Arbiter, Hold};
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
-use crate::core::guard::Grant;
+use crate::core::arbiter::Hold;
+use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
+use crate::core::guard::{BoxFut, Grant};
 use crate::key::MysqlFlavour;
 use crate::runs::LastRun;
 use crate::settings::Settings;
@@ -177,7 +177,7 @@ use crate::{BackendKind, Error, LockName, LockOptions, Result};
 
 pub(crate) struct MyBackend {
     shared: Arc<Shared>,
-    arbiter: Arc<Arbiter<String>>,
+    settings: Settings,
 }
 
 impl MyBackend {
@@ -214,7 +214,7 @@ impl MyBackend {
         )));
         Ok(MyBackend {
             shared,
-            arbiter: Arc::default(),
+            settings: settings.clone(),
         })
     }
 
@@ -288,34 +288,31 @@ impl Backend for MyBackend {
     /// The `GET_LOCK` string.
     type Key = String;
     type SlotExt = ();
-    type Ticket = ();
     type Tries = ();
 
     fn kind(&self) -> BackendKind {
         BackendKind::Mysql
     }
 
-    fn explain(&self, missing: Missing) -> String {
+    fn refusal(&self, missing: Missing) -> Option<String> {
         match missing {
-            Missing::Shared => {
+            Missing::Shared => Some(
                 "MySQL/MariaDB user locks are exclusive only; shared locks need PostgreSQL or the local backend"
-                    .into()
-            }
-            Missing::Transaction => "MySQL/MariaDB user locks are not tied to transactions; transaction-level \
+                    .into(),
+            ),
+            Missing::Transaction => Some(
+                "MySQL/MariaDB user locks are not tied to transactions; transaction-level \
                  locks need PostgreSQL — on MySQL take a session lock and release it when your transaction ends"
-                .into(),
-            Missing::SessionLocks => "MySQL/MariaDB user locks are session locks".into(),
-            Missing::Fencing => "this MySQL/MariaDB locker issues no fencing tokens".into(),
+                    .into(),
+            ),
+            Missing::Upgrade => Some("MySQL/MariaDB user locks have no shared mode to upgrade".into()),
+            Missing::SessionLocks | Missing::Fencing => None,
         }
     }
 
     /// The lock string for this server (MariaDB and MySQL differ).
-    fn key(&self, name: &LockName, settings: &Settings) -> Result<String> {
-        self.shared.lock_string(name, &settings.prefix)
-    }
-
-    fn arbiter(&self) -> &Arc<Arbiter<String>> {
-        &self.arbiter
+    fn key(&self, name: &LockName) -> Result<String> {
+        self.shared.lock_string(name, &self.settings.prefix)
     }
 
     /// `GET_LOCK` waits in the server, on a connection per lock; tasks of
@@ -328,70 +325,51 @@ impl Backend for MyBackend {
         }
     }
 
-    fn admit<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
+    fn begin<'a>(&'a self, _at: &'a Attempt<'_, Self>) -> impl Fut<'a, ()> {
         std::future::ready(Ok(()))
-    }
-
-    fn prepare<'a>(&'a self, _at: &'a Attempt<'_, Self>) -> impl Fut<'a, ()> {
-        std::future::ready(Ok(()))
-    }
-
-    fn try_once<'a>(
-        &'a self,
-        _: &'a (),
-        _at: &'a mut Attempt<'_, Self>,
-    ) -> impl Fut<'a, Option<Box<dyn Grant>>> {
-        std::future::ready(Err(Error::Unsupported("MySQL waits in the server".into())))
     }
 
     /// Inside a scoped call holding a lock of this locker, waits on that
     /// lock's session, as the gem does: the server then sees the whole
     /// chain and can detect a deadlock. Otherwise on a connection of its own.
-    fn wait_in_server<'a>(&'a self, at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
+    fn wait_in_server<'a>(&'a self, _: (), at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Waited<()>> {
         async move {
             let mut hold = at.hold.take();
             if let Some(claim) = nested::claim_enclosing(&self.shared, at.enclosing.as_ref(), at.settings) {
                 match nested::wait(&self.shared, claim, at, hold).await {
-                    Ok(r) => return r,
+                    Ok(r) => return r.map(waited),
                     Err(back) => hold = back,
                 }
             }
-            self.wait_own(at, hold).await
+            self.wait_own(at, hold).await.map(waited)
         }
     }
 
-    fn is_locked<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, bool> {
-        introspect::is_locked(&self.shared.connector, name, key)
-    }
-
-    fn holders<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, Vec<Holder>> {
+    fn holders<'a>(&'a self, name: &'a LockName, key: &'a String) -> impl Fut<'a, Vec<Holder>> {
         introspect::holders(&self.shared.connector, name, key)
     }
 
-    fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
-        introspect::list_with_own(&self.shared, settings)
+    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
+        introspect::list_with_own(&self.shared, &self.settings)
     }
 
-    fn create_tables<'a>(&'a self, _settings: &'a Settings) -> impl Fut<'a, ()> {
-        fence::create_tables(&self.shared.connector)
+    fn records(&self) -> Option<&dyn Records> {
+        Some(self)
+    }
+}
+
+/// A server wait's grant as the core takes it.
+fn waited(g: Option<Box<dyn Grant>>) -> Waited<()> {
+    g.map_or(Waited::TimedOut, Waited::Granted)
+}
+
+/// Fencing tokens and runs in tables of the lock's database.
+impl Records for MyBackend {
+    fn create_tables(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(fence::create_tables(&self.shared.connector))
     }
 
-    fn last_run<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a String,
-        _settings: &'a Settings,
-    ) -> impl Fut<'a, Option<LastRun>> {
-        runs::last(&self.shared.connector, key, name)
+    fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>> {
+        Box::pin(runs::last(&self.shared.connector, key, name))
     }
 }

@@ -17,7 +17,7 @@ use super::sql::{self, Call};
 use super::xact::wait_xact_dedicated;
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant};
+use crate::core::guard::{BoxFuture, Grant, OnSession};
 use crate::core::idle::Idle;
 use crate::core::loss::LossToken;
 use crate::core::wait;
@@ -460,6 +460,19 @@ impl Grant for DedicatedGrant {
         LossToken::of(self.lost.clone())
     }
 
+    /// A session lock only: a transaction lock's exclusive one could not be
+    /// dropped before its transaction ends.
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
+        let of = |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some()));
+        self.held.peek(of).flatten().flatten()
+    }
+
+    fn on_session(&self) -> Option<&dyn OnSession> {
+        Some(self)
+    }
+}
+
+impl OnSession for DedicatedGrant {
     /// Transaction locks are refused by the core (the token would roll back
     /// with their transaction): this is a session lock, in autocommit.
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
@@ -474,12 +487,5 @@ impl Grant for DedicatedGrant {
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.held.peek(|d| d.lock.clone()), run, exit_code)
-    }
-
-    /// A session lock only: a transaction lock's exclusive one could not be
-    /// dropped before its transaction ends.
-    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
-        let of = |d: &Dedicated| (!d.xact).then(|| super::upgrade::PgUpgrade::of(&d.lock, d.hold.is_some()));
-        self.held.peek(of).flatten().flatten()
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::session_lock::SessionLock;
-use crate::core::arbiter::{Arbiter, Hold, Slot, SlotExt};
+use crate::core::arbiter::{Hold, Slot, SlotExt};
 use crate::key::PgKey;
 
 /// PostgreSQL's hand-off state for one key, beside the in-process hold.
@@ -42,8 +42,6 @@ impl SlotExt for PgSlot {
     }
 }
 
-/// The arbiter of a PostgreSQL locker.
-pub(crate) type PgArbiter = Arbiter<PgKey, PgSlot>;
 /// An in-process hold on a PostgreSQL key.
 pub(crate) type PgHold = Hold<PgKey, PgSlot>;
 

@@ -77,7 +77,7 @@ mod sql;
 mod upgrade;
 mod xact;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 #[cfg(feature = "sqlx")]
 pub use caller::sqlx;
@@ -85,18 +85,18 @@ pub use caller::{lock_session, CallerClient, ClientLockGuard, NotAcquired, XactL
 pub(crate) use conn::{Connector, PgConn};
 use dedicated::Spares;
 use errors::first_text;
-use handoff::{PgArbiter, PgSlot};
+use handoff::PgSlot;
 use lazy::{prepare_session, LazyConn, Side};
 use session::SessionGrant;
 use session_lock::SessionLock;
 pub use xact::lock_xact;
 
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn};
-use crate::core::guard::Grant;
+use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
+use crate::core::guard::{BoxFut, Grant};
 use crate::key::{pg_key, PgKey};
 use crate::runs::LastRun;
 use crate::settings::Settings;
-use crate::types::{Capabilities, Holder, ListedLock};
+use crate::types::{Holder, ListedLock};
 use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 
 pub(crate) struct PgBackend {
@@ -106,7 +106,8 @@ pub(crate) struct PgBackend {
     /// The side connection (introspection, counts), opened on first use:
     /// an uncontended locker keeps one connection.
     side: Arc<Side>,
-    arbiter: Arc<PgArbiter>,
+    /// The locker's name prefix.
+    prefix: crate::Prefix,
     /// A transaction pooler shares server sessions: session locks are refused.
     shared_sessions: bool,
     /// Whether the pooler checks are skipped (dbmutex's own tests).
@@ -135,7 +136,7 @@ impl PgBackend {
             side: Arc::new(Side::new(connector.clone(), settings.clone())),
             connector,
             session: LazyConn::default(),
-            arbiter: Arc::default(),
+            prefix: settings.prefix.clone(),
             shared_sessions: false,
             skip_pooler_check: settings.skip_pooler_check,
             spares: Spares::new(settings.idle_limit()),
@@ -195,14 +196,63 @@ impl PgBackend {
     /// Where introspection and lock-table counts run: the side connection,
     /// so that the lock session only ever runs statements that answer at
     /// once (its keepalive probe counts on it).
-    async fn probe(&self, _settings: &Settings) -> Result<Arc<PgConn>> {
+    async fn probe(&self) -> Result<Arc<PgConn>> {
         self.side.get().await
+    }
+
+    /// One acquisition's tries with its lock-table `ticket`: on the lock
+    /// session unless the plan waits in the server only.
+    async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot) -> Result<Tries> {
+        if self.plan(at.opts).wait == WaitIn::Server {
+            return Ok(Tries {
+                conn: None,
+                skip: false.into(),
+                ticket: Mutex::new(Some(ticket)),
+            });
+        }
+        let conn = self
+            .session
+            .get(&self.connector, at.settings, &self.spares)
+            .await?;
+        let skip = !at.opts.is_try_once()
+            && at.hold.is_some()
+            && self.contended.lately(at.key)
+            // Before the tries take their reference: only `conn` here
+            // holds it besides the lock session's own slot.
+            && Arc::strong_count(&conn) == 2;
+        Ok(Tries {
+            conn: Some(conn),
+            skip: skip.into(),
+            ticket: Mutex::new(Some(ticket)),
+        })
+    }
+
+    /// A connection for a wait after a failed try is at hand: the lock
+    /// session itself if it holds nothing (no new connection), else an idle
+    /// one, else a new one made now if the server has room for it; else the
+    /// core polls on the lock session, which needs none (a server short of
+    /// connections must not fail a wait that polling would serve).
+    async fn ready_to_wait(&self, at: &Attempt<'_, Self>) -> Result<bool> {
+        if let Some(c) = self.session.detach() {
+            self.spares.put(c);
+            return Ok(true);
+        }
+        let room = || async {
+            let conn = self.session.live()?;
+            Some(budget::room_for_connection(&conn).await)
+        };
+        self.spares
+            .ready(&self.connector, at.settings, at.deadline, room)
+            .await
     }
 }
 
-/// One polling wait's session.
+/// One acquisition's tries: its room in the lock table and (unless it
+/// waits in the server only) the lock session.
 pub(crate) struct Tries {
-    conn: Arc<PgConn>,
+    conn: Option<Arc<PgConn>>,
+    /// Room in the server's lock table (see [`budget`]); a grant takes it.
+    ticket: Mutex<Option<budget::Slot>>,
     /// Skip the first try: the key was contended lately and the session is
     /// free to wait in the server (see `handoff::contended_lately`).
     skip: std::sync::atomic::AtomicBool,
@@ -211,36 +261,32 @@ pub(crate) struct Tries {
 impl Backend for PgBackend {
     type Key = PgKey;
     type SlotExt = PgSlot;
-    /// Room in the server's lock table (see [`budget`]).
-    type Ticket = budget::Slot;
     type Tries = Tries;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Postgres
     }
 
-    /// Behind a transaction pooler, no session locks.
-    fn capabilities(&self) -> Capabilities {
-        let pooled = self.shared_sessions || (self.connector.pooler_seen() && !self.skip_pooler_check);
-        Capabilities {
-            session_locks: !pooled,
-            ..BackendKind::Postgres.capabilities()
-        }
-    }
-
-    fn explain(&self, missing: Missing) -> String {
+    /// Behind a transaction pooler, no session locks; a transaction-level
+    /// shared lock gives no upgrade.
+    fn refusal(&self, missing: Missing) -> Option<String> {
         match missing {
-            Missing::SessionLocks => pooler::SESSION_LOCKS_UNSAFE.into(),
-            m => format!("PostgreSQL cannot do this here: {m:?}"),
+            Missing::SessionLocks => {
+                let pooled =
+                    self.shared_sessions || (self.connector.pooler_seen() && !self.skip_pooler_check);
+                pooled.then(|| pooler::SESSION_LOCKS_UNSAFE.into())
+            }
+            Missing::Upgrade => Some(
+                "a transaction-level lock (transaction(true)) cannot be upgraded: the exclusive lock \
+                 could not be given back before the transaction ends"
+                    .into(),
+            ),
+            Missing::Shared | Missing::Transaction | Missing::Fencing => None,
         }
     }
 
-    fn key(&self, name: &LockName, settings: &Settings) -> Result<PgKey> {
-        Ok(pg_key(name, &settings.prefix))
-    }
-
-    fn arbiter(&self) -> &Arc<PgArbiter> {
-        &self.arbiter
+    fn key(&self, name: &LockName) -> Result<PgKey> {
+        Ok(pg_key(name, &self.prefix))
     }
 
     /// Session locks share the lock session, so they are told apart in
@@ -273,28 +319,14 @@ impl Backend for PgBackend {
         }
     }
 
-    /// Room for one more server lock (see [`budget`]).
-    fn admit<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, budget::Slot> {
-        self.budget
-            .reserve(settings.connect_timeout, move || self.probe(settings))
-    }
-
-    fn prepare<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Tries> {
+    /// Room for one more server lock (see [`budget`]), then the tries.
+    fn begin<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, Tries> {
         async move {
-            let conn = self
-                .session
-                .get(&self.connector, at.settings, &self.spares)
+            let ticket = self
+                .budget
+                .reserve(at.settings.connect_timeout, || self.probe())
                 .await?;
-            let skip = !at.opts.is_try_once()
-                && at.hold.is_some()
-                && self.contended.lately(at.key)
-                // Before the tries take their reference: only `conn` here
-                // holds it besides the lock session's own slot.
-                && Arc::strong_count(&conn) == 2;
-            Ok(Tries {
-                conn,
-                skip: skip.into(),
-            })
+            self.tries(at, ticket).await
         }
     }
 
@@ -307,14 +339,13 @@ impl Backend for PgBackend {
             // No name in the statement (prepared once per connection: see
             // `PgConn::session_text`); it goes into the session's keepalive
             // probe instead, where `pg_stat_activity` shows it.
+            let conn = lock_conn(tries)?;
             let lock = SessionLock {
-                conn: tries.conn.clone(),
+                conn: conn.clone(),
                 key: *at.key,
                 mode: at.opts.mode,
                 name: at.name.clone(),
-                text: tries
-                    .conn
-                    .session_text(at.settings.name_comments, at.opts.mode, at.key),
+                text: conn.session_text(at.settings.name_comments, at.opts.mode, at.key),
             };
             // A task of ours may have left the server lock on the session for us.
             let parked = lock.mode == Mode::Exclusive
@@ -332,79 +363,81 @@ impl Backend for PgBackend {
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);
             }
-            let ticket = at.ticket.take().map(budget::Slot::granted);
+            let ticket = tries
+                .ticket
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+                .map(budget::Slot::granted);
             let grant = SessionGrant::new(lock, at.hold.take(), ticket, self.names.clone());
             Ok(Some(Box::new(grant) as Box<dyn Grant>))
         }
     }
 
-    /// A connection for the wait is at hand: the lock session itself if it
-    /// holds nothing (no new connection), else an idle one, else a new one
-    /// made now if the server has room for it; else the core polls on the
-    /// lock session, which needs none (a server short of connections must
-    /// not fail a wait that polling would serve).
-    fn ready_to_wait<'a>(&'a self, at: &'a Attempt<'_, Self>) -> impl Fut<'a, bool> {
+    /// After a failed try (the tries' session let go first: the wait may
+    /// take it), on a connection of its own if one is at hand, else the core
+    /// polls; a server wait asked for, on a connection of its own.
+    fn wait_in_server<'a>(
+        &'a self,
+        tries: Tries,
+        at: &'a mut Attempt<'_, Self>,
+    ) -> impl Fut<'a, Waited<Tries>> {
         async move {
-            if let Some(c) = self.session.detach() {
-                self.spares.put(c);
-                return Ok(true);
-            }
-            let room = || async {
-                let conn = self.session.live()?;
-                Some(budget::room_for_connection(&conn).await)
-            };
-            self.spares
-                .ready(&self.connector, at.settings, at.deadline, room)
-                .await
-        }
-    }
-
-    fn wait_in_server<'a>(&'a self, at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Option<Box<dyn Grant>>> {
-        async move {
-            let ticket = at
-                .ticket
-                .take()
+            let Tries { conn, ticket, .. } = tries;
+            drop(conn);
+            let ticket = ticket
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
+            let after_try = matches!(self.plan(at.opts).wait, WaitIn::TryThenServer { .. });
+            if after_try && !self.ready_to_wait(at).await? {
+                return Ok(Waited::Poll(self.tries(at, ticket).await?));
+            }
             let hold = at.hold.take();
             let got = self.spares.acquire(&self.connector, at, ticket, hold).await?;
             if got.is_some() {
                 self.contended.note(*at.key, true);
             }
-            Ok(got)
+            Ok(got.map_or(Waited::TimedOut, Waited::Granted))
         }
     }
 
-    /// On the side connection (the lock session runs only quick statements).
-    fn create_tables<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, ()> {
-        async move { fence::create_tables(&*self.probe(settings).await?).await }
+    fn holders<'a>(&'a self, name: &'a LockName, key: &'a PgKey) -> impl Fut<'a, Vec<Holder>> {
+        async move { introspect::holders(&*self.probe().await?, name, key, &self.prefix).await }
     }
 
-    fn last_run<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a PgKey,
-        settings: &'a Settings,
-    ) -> impl Fut<'a, Option<LastRun>> {
-        async move { runs::last(&*self.probe(settings).await?, &key.to_string(), name).await }
-    }
-
-    fn holders<'a>(
-        &'a self,
-        name: &'a LockName,
-        key: &'a PgKey,
-        settings: &'a Settings,
-    ) -> impl Fut<'a, Vec<Holder>> {
-        async move { introspect::holders(&*self.probe(settings).await?, name, key, &settings.prefix).await }
-    }
-
-    fn list<'a>(&'a self, settings: &'a Settings) -> impl Fut<'a, Vec<ListedLock>> {
+    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
         async move {
-            let conn = self.probe(settings).await?;
-            let mut rows = introspect::list(&conn, &settings.prefix).await?;
+            let conn = self.probe().await?;
+            let mut rows = introspect::list(&conn, &self.prefix).await?;
             if let Some(pid) = self.session.live().and_then(|s| s.server_pid()) {
                 self.names.fill(&mut rows, pid);
             }
             Ok(rows)
         }
     }
+
+    fn records(&self) -> Option<&dyn Records> {
+        Some(self)
+    }
+}
+
+/// Fencing tokens and runs in tables, on the side connection (the lock
+/// session runs only quick statements).
+impl Records for PgBackend {
+    fn create_tables(&self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move { fence::create_tables(&*self.probe().await?).await })
+    }
+
+    fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>> {
+        Box::pin(async move { runs::last(&*self.probe().await?, key, name).await })
+    }
+}
+
+/// The tries' lock session.
+fn lock_conn(tries: &Tries) -> Result<&Arc<PgConn>> {
+    tries
+        .conn
+        .as_ref()
+        .ok_or_else(|| Error::Database("no lock session for a try".into()))
 }

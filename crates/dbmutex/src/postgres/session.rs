@@ -12,7 +12,7 @@ use super::handoff::{self, PgHold};
 use super::names::OwnNames;
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant};
+use crate::core::guard::{BoxFuture, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Mode, Result};
@@ -127,6 +127,17 @@ impl Grant for SessionGrant {
         LossToken::of(self.lost.clone())
     }
 
+    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
+        let of = |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some());
+        self.release.peek(of).flatten()
+    }
+
+    fn on_session(&self) -> Option<&dyn OnSession> {
+        Some(self)
+    }
+}
+
+impl OnSession for SessionGrant {
     fn fence(&self, key: String) -> BoxFuture<Result<u64>> {
         super::fence::for_grant(self.release.peek(|r| r.lock.clone()), key)
     }
@@ -137,10 +148,5 @@ impl Grant for SessionGrant {
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.release.peek(|r| r.lock.clone()), run, exit_code)
-    }
-
-    fn upgrader(&self) -> Option<Arc<dyn crate::core::upgradable::Upgrade>> {
-        let of = |r: &Release| super::upgrade::PgUpgrade::of(&r.lock, r.hold.is_some());
-        self.release.peek(of).flatten()
     }
 }

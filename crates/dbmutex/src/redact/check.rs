@@ -1,8 +1,8 @@
 //! Refusing, before anything connects, a URL that the driver would read
 //! differently from what its author meant (see the `redact` module docs).
 
-use super::scheme::{split_scheme, UNPARSEABLE};
-use crate::types::BackendKind;
+use super::scheme::UNPARSEABLE;
+use crate::types::{split_scheme, BackendKind};
 use crate::{Error, Result};
 
 /// Refuses, before anything connects, a database URL that the driver would

@@ -32,11 +32,12 @@ mod scheme;
 
 use percent_encoding::utf8_percent_encode;
 
+use crate::types::split_scheme;
 use crate::types::BackendKind;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use scheme::with_scheme;
 use scheme::PATH;
-pub(crate) use scheme::{file_url_path, split_scheme, UNPARSEABLE};
+pub(crate) use scheme::{file_url_path, UNPARSEABLE};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use percent_encoding::{percent_decode_str, AsciiSet, CONTROLS};
 
+use crate::types::split_scheme;
 use crate::{Error, Result};
 
 /// What a description shows in place of a string that cannot be shown.
@@ -40,19 +41,6 @@ pub(super) const FIELD: &AsciiSet = &CONTROLS
 
 /// As [`FIELD`], but keeping `/` (Unix socket directories).
 pub(super) const PATH: &AsciiSet = &FIELD.remove(b'/');
-
-/// The URL's scheme, lowercased, and what follows `://`; `None` unless the
-/// text before `://` is a well-formed scheme (RFC 3986: a letter, then
-/// letters, digits, `+`, `-`, `.`), so a malformed string's text is never
-/// shown as its "scheme".
-pub(crate) fn split_scheme(url: &str) -> Option<(String, &str)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let mut chars = scheme.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-        && scheme.len() <= 32;
-    ok.then(|| (scheme.to_ascii_lowercase(), rest))
-}
 
 /// `url` with its scheme replaced by `scheme` (the drivers know only their
 /// own, lowercase spelling: `POSTGRES://` and `mariadb://` must reach them
