@@ -84,8 +84,6 @@ mod wake;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Notify;
-
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn};
 use crate::core::guard::{BoxFut, Grant};
 use crate::key::{local_file_name, local_name_from_note};
