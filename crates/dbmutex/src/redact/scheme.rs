@@ -5,7 +5,6 @@ use std::borrow::Cow;
 
 use percent_encoding::{percent_decode_str, AsciiSet, CONTROLS};
 
-use crate::types::split_scheme;
 use crate::{Error, Result};
 
 /// What a description shows in place of a string that cannot be shown.
@@ -47,7 +46,7 @@ pub(super) const PATH: &AsciiSet = &FIELD.remove(b'/');
 /// as `postgres://` and `mysql://`). Unchanged when `url` has no scheme.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn with_scheme(url: &str, scheme: &str) -> String {
-    match split_scheme(url) {
+    match crate::types::split_scheme(url) {
         Some((_, rest)) => format!("{scheme}://{rest}"),
         None => url.to_owned(),
     }
