@@ -85,6 +85,7 @@
 
 mod builder;
 mod core;
+pub mod delay;
 mod error;
 pub mod fence;
 pub mod key;

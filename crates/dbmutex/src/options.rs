@@ -81,6 +81,7 @@ pub struct LockOptions {
     pub(crate) max_backoff: Duration,
     pub(crate) fenced: bool,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) lock_delay: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -93,6 +94,7 @@ impl Default for LockOptions {
             max_backoff: Duration::from_millis(100),
             fenced: false,
             max_hold: None,
+            lock_delay: None,
         }
     }
 }
@@ -206,6 +208,52 @@ impl LockOptions {
     /// The hold limit, if any.
     pub fn get_max_hold(&self) -> Option<Duration> {
         self.max_hold
+    }
+
+    /// *Lock-delay* (opt-in, as Chubby's and Consul's): when a holder of
+    /// this name is lost uncleanly — killed, frozen, cut off, its session
+    /// ended by the server — nobody gets the lock for `d` after its last
+    /// sign of life, by the server's clock, so that the lost holder's
+    /// in-flight work drains before the next holder starts. A lock released
+    /// cleanly ([`LockGuard::release`](crate::LockGuard::release), or a
+    /// dropped guard inside a runtime) opens at once.
+    ///
+    /// How: while held, the holder keeps a record `closed_until = now + d +
+    /// beat` on the lock's own session, renewed every `beat` (a quarter of
+    /// `d`, between 100 ms and 1 s); a clean release clears it before the
+    /// unlock. The next holder is granted the server lock as usual, then
+    /// finds the record and waits (holding the lock, so others queue
+    /// behind it) until `closed_until` has passed: the lock stays closed
+    /// between `d` and `d + beat` after the lost holder's last renewal.
+    /// A wait that the acquisition's timeout cannot cover ends as "not
+    /// acquired" at once (the record is left as it was). Every holder of the
+    /// name should ask for the same `d`: a holder without lock-delay neither
+    /// honours nor writes the record.
+    ///
+    /// PostgreSQL and MySQL/MariaDB keep the record in a `dbmutex_delay`
+    /// table (created on first use, or by
+    /// [`Locker::create_tables`](crate::Locker::create_tables) / `dbmutex
+    /// init`), written on the lock's own session while it is held. Exclusive
+    /// session locks only: with `shared(true)` or `transaction(true)` the
+    /// acquisition fails with [`Error::Unsupported`](crate::Error::Unsupported),
+    /// as on the local backend. Costs two round trips per acquisition, one
+    /// per release, and one write per `beat` while held. `Duration::ZERO`
+    /// turns it off.
+    ///
+    /// ```
+    /// use dbmutex::LockOptions;
+    /// use std::time::Duration;
+    /// let opts = LockOptions::new().lock_delay(Duration::from_secs(15));
+    /// assert_eq!(opts.get_lock_delay(), Some(Duration::from_secs(15)));
+    /// ```
+    pub fn lock_delay(mut self, d: Duration) -> Self {
+        self.lock_delay = (!d.is_zero()).then_some(d);
+        self
+    }
+
+    /// The lock-delay, if any.
+    pub fn get_lock_delay(&self) -> Option<Duration> {
+        self.lock_delay
     }
 
     /// The wait bound: `None` = forever.

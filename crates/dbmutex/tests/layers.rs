@@ -290,7 +290,9 @@ fn name(p: &ModPath) -> String {
 fn layer(p: &ModPath) -> &'static str {
     match p.first().map(String::as_str) {
         None => "root",
-        Some("error" | "options" | "types" | "settings" | "key" | "redact" | "fence" | "runs") => "ground",
+        Some("error" | "options" | "types" | "settings" | "key" | "redact" | "fence" | "runs" | "delay") => {
+            "ground"
+        }
         Some("core") => "core",
         Some("locker" | "builder" | "slots" | "once") => "facade",
         Some(_) => "backend",

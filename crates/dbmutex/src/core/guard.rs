@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) use super::delay::DelayRecord;
+use super::delay::Renewal;
 use super::loss::LossToken;
 use super::metrics::{Hold, Labels};
 use crate::runs::{Run, RunStart, Who};
@@ -64,6 +66,11 @@ pub(crate) trait OnSession: Send + Sync {
 
     /// Records the end of `run`, started under this hold.
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>>;
+
+    /// The lock-delay record of `key` (the backend's key text) on this
+    /// lock's session ([`crate::delay`]): each call runs one step. It must
+    /// not keep the lock: the core drops it before the release.
+    fn delay(&self, key: String) -> DelayRecord;
 }
 
 /// An acquired lock. Release it with [`LockGuard::release`]; dropping it also
@@ -100,6 +107,8 @@ pub struct LockGuard {
     /// The locker's server-wait permit a wait in the server took (its
     /// connection), kept until the lock is released.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Lock-delay's renewal, when asked for; opened at a clean release.
+    delay: Option<Renewal>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -123,6 +132,7 @@ impl LockGuard {
         count: Arc<AtomicUsize>,
         labels: Labels,
         max_hold: Option<Duration>,
+        delay: Option<Renewal>,
     ) -> Self {
         let loss = grant.loss();
         let max_hold_at = max_hold.and_then(|d| tokio::time::Instant::now().checked_add(d));
@@ -137,6 +147,7 @@ impl LockGuard {
             count,
             max_hold_at,
             _permit: permit,
+            delay,
         }
     }
 
@@ -260,7 +271,11 @@ impl LockGuard {
         self.count.fetch_sub(1, Ordering::Relaxed);
         let hold_time = self.acquired_at.elapsed();
         // If this future is dropped mid-way, `grant` is dropped with it and
-        // its Drop queues the unlock.
+        // its Drop queues the unlock (a lock-delay record not yet opened
+        // then keeps the lock closed for its delay: the safe side).
+        if let Some(delay) = self.delay.take() {
+            delay.open(&self.name).await;
+        }
         let r = grant.release().await;
         match &r {
             Ok(()) => {
@@ -281,8 +296,23 @@ impl Drop for LockGuard {
             self.loss.mark_released();
             self.count.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released on drop");
-            // Each grant's Drop queues its own unlock.
-            drop(grant);
+            match (self.delay.take(), tokio::runtime::Handle::try_current()) {
+                // Opened, then released, in the background (the grant keeps
+                // the lock, and the in-process hold, until then).
+                (Some(delay), Ok(rt)) => {
+                    let name = self.name.clone();
+                    drop(rt.spawn(async move {
+                        delay.open(&name).await;
+                        if let Err(e) = grant.release().await {
+                            tracing::warn!(name = %name, error = %e, "dbmutex: release after opening a lock-delay failed");
+                        }
+                    }));
+                }
+                // Each grant's Drop queues its own unlock (with no runtime
+                // to open a lock-delay record, the renewal just stops: the
+                // lock stays closed for its delay, the safe side).
+                _ => drop(grant),
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::Random
 
 pub(crate) mod arbiter;
 pub(crate) mod backend;
+pub(crate) mod delay;
 pub(crate) mod detach;
 pub(crate) mod guard;
 pub(crate) mod idle;
@@ -28,6 +29,7 @@ pub(crate) mod pipeline;
 pub(crate) mod queue;
 pub(crate) mod scope;
 pub(crate) mod scoped;
+pub(crate) mod settle;
 pub(crate) mod upgradable;
 pub(crate) mod upgrade;
 pub(crate) mod wait;

@@ -1,6 +1,7 @@
 //! The acquisition pipeline, read top to bottom:
 //! validate → cap → capability check → key → deadline → in-process hold →
-//! admit → try/poll or server wait → fence (when asked) → guard.
+//! admit → try/poll or server wait → lock-delay and fence (when asked) →
+//! guard.
 //!
 //! [`Pipeline`] runs it over any [`Backend`]; [`Engine`] is its object-safe
 //! face, which the [`Locker`](crate::Locker) holds.
@@ -16,6 +17,7 @@ use super::arbiter::{Arbiter, SlotExt};
 use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
+use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{self, Backoff};
 use crate::runs::LastRun;
@@ -128,26 +130,19 @@ impl<B: Backend> Pipeline<B> {
         self.refuse(opts)?;
         let key = self.backend.key(&name)?;
         let start = tokio::time::Instant::now();
+        let deadline = wait::deadline(opts.timeout);
         let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
-        let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts), span).await?;
+        let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts, deadline), span).await?;
         let waited_us = start.elapsed().as_micros() as u64;
         match grant {
             Some(Granted { grant: g, permit }) => {
-                // Issued after the grant and before the guard exists, so
-                // token order is lock order. Without a token the lock is
-                // released before the error returns (cancelled here, `g`
-                // is dropped, which releases it too).
-                let fence = match opts.fenced {
-                    false => None,
-                    true => match fence(g.as_ref(), key.to_string()).await {
-                        Ok(token) => Some(token),
-                        Err(e) => {
-                            if let Err(r) = g.release().await {
-                                tracing::debug!(name = %name, error = %r, "dbmutex: release after a failed fence");
-                            }
-                            return Err(e);
-                        }
-                    },
+                let Some(Settled {
+                    grant: g,
+                    fence,
+                    delay,
+                }) = settle::settle(g, &name, key.to_string(), opts, deadline).await?
+                else {
+                    return Ok(None);
                 };
                 std::mem::forget(reservation);
                 tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, fence, "dbmutex: acquired");
@@ -160,6 +155,7 @@ impl<B: Backend> Pipeline<B> {
                     self.count.clone(),
                     labels,
                     opts.max_hold,
+                    delay,
                 )))
             }
             None if opts.is_try_once() => {
@@ -175,15 +171,19 @@ impl<B: Backend> Pipeline<B> {
 
     /// An option the backend cannot honour, refused in its own words.
     fn refuse(&self, opts: &LockOptions) -> Result<()> {
-        if opts.fenced && (opts.mode == Mode::Shared || opts.transaction) {
+        if (opts.fenced || opts.lock_delay.is_some()) && (opts.mode == Mode::Shared || opts.transaction) {
             // Token order is lock order only for a lock one holder has at a
             // time, until released: shared holders overlap, and a token
-            // issued in a transaction lock's transaction would roll back
-            // with it.
-            return Err(Error::Unsupported(
-                "fencing tokens need an exclusive session lock (not shared(true) or transaction(true))"
-                    .into(),
-            ));
+            // (or a lock-delay record) written in a transaction lock's
+            // transaction would roll back with it.
+            let what = if opts.fenced {
+                "fencing tokens"
+            } else {
+                "lock-delay"
+            };
+            return Err(Error::Unsupported(format!(
+                "{what} needs an exclusive session lock (not shared(true) or transaction(true))"
+            )));
         }
         let needs = [
             (opts.mode == Mode::Shared).then_some(Missing::Shared),
@@ -202,8 +202,13 @@ impl<B: Backend> Pipeline<B> {
     /// a dropped connection or a pooler slow to hand out a session
     /// (reconnecting with backoff), and fails with the last error only once
     /// its own bound has passed. A try-once fails at once.
-    async fn grant(&self, name: &LockName, key: &B::Key, opts: &LockOptions) -> Result<Option<Granted>> {
-        let deadline = wait::deadline(opts.timeout);
+    async fn grant(
+        &self,
+        name: &LockName,
+        key: &B::Key,
+        opts: &LockOptions,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Option<Granted>> {
         let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
         let mut told = false;
         loop {
@@ -456,14 +461,6 @@ struct Granted {
 impl Granted {
     fn new(grant: Box<dyn Grant>, permit: Option<OwnedSemaphorePermit>) -> Self {
         Granted { grant, permit }
-    }
-}
-
-/// The grant's fencing token, on its own session.
-async fn fence(g: &dyn Grant, key: String) -> Result<u64> {
-    match g.on_session() {
-        Some(s) => s.fence(key).await,
-        None => Err(Error::Unsupported("this backend issues no fencing tokens".into())),
     }
 }
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use super::file::{blocking, io_error, LockFile};
 use super::wake::Woken;
-use super::{fence, runs};
+use super::{delay, fence, runs};
 use crate::core::arbiter::Hold;
-use crate::core::guard::{BoxFuture, Grant, OnSession};
+use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::Result;
@@ -83,6 +83,16 @@ impl OnSession for FileGrant {
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         self.beside(move |path| runs::finish(path, run, exit_code))
     }
+
+    /// Keeps only a weak hold on the file: the record must not keep the
+    /// lock once the grant lets it go.
+    fn delay(&self, _key: String) -> DelayRecord {
+        let (path, file) = (self.path.clone(), self.file.as_ref().map(Arc::downgrade));
+        Arc::new(move |step| {
+            let file = file.as_ref().and_then(std::sync::Weak::upgrade);
+            on_file(path.clone(), file, move |path| delay::step(path, step))
+        })
+    }
 }
 
 impl FileGrant {
@@ -93,18 +103,27 @@ impl FileGrant {
         &self,
         work: impl FnOnce(&std::path::Path) -> Result<T> + Send + 'static,
     ) -> BoxFuture<Result<T>> {
-        let (path, file) = (self.path.clone(), self.file.clone());
-        Box::pin(blocking(move || {
-            if file.is_none() {
-                return Err(crate::Error::LockLost {
-                    name: path.display().to_string(),
-                });
-            }
-            let r = work(&path);
-            drop(file);
-            r
-        }))
+        on_file(self.path.clone(), self.file.clone(), work)
     }
+}
+
+/// Runs `work` on the lock file's `path` on the blocking pool while `file`
+/// (the held lock; `None` once released) is kept.
+fn on_file<T: Send + 'static>(
+    path: PathBuf,
+    file: Option<Arc<LockFile>>,
+    work: impl FnOnce(&std::path::Path) -> Result<T> + Send + 'static,
+) -> BoxFuture<Result<T>> {
+    Box::pin(blocking(move || {
+        if file.is_none() {
+            return Err(crate::Error::LockLost {
+                name: path.display().to_string(),
+            });
+        }
+        let r = work(&path);
+        drop(file);
+        r
+    }))
 }
 
 impl Drop for FileGrant {

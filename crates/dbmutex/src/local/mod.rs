@@ -70,6 +70,7 @@
 //! unlocks and closes, which never wait. Each held lock costs one file
 //! descriptor.
 
+mod delay;
 mod dir;
 mod fence;
 mod file;

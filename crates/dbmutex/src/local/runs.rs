@@ -147,7 +147,7 @@ fn parse(text: &str, path: &Path) -> Result<Fields> {
 /// This boot's id and the boot clock in microseconds (the kernel's
 /// uptime, `CLOCK_BOOTTIME` to 10 ms, suspended time included); `None`
 /// where either cannot be read.
-fn boot_clock() -> Option<(String, i64)> {
+pub(super) fn boot_clock() -> Option<(String, i64)> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
     let secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;

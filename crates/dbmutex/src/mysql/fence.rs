@@ -122,6 +122,7 @@ pub(super) async fn create_tables(connector: &Connector) -> Result<()> {
     for (table, help) in [
         (MYSQL_TABLE, no_table_help as fn(&str) -> String),
         (runs::MYSQL_TABLE, runs::no_table_help),
+        (crate::delay::MYSQL_TABLE, crate::delay::no_table_help),
     ] {
         match connector.run(|c| c.query_drop(table)).await {
             Ok(()) => {}

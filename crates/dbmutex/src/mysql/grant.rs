@@ -15,7 +15,7 @@ use super::lock_conn::{ping_timeout, LockConn};
 use super::registry::Shared;
 use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant, OnSession};
+use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Error, LockName, Result};
@@ -135,6 +135,20 @@ impl OnSession for MyGrant {
             super::runs::finish(lc, lock, name, run, exit_code)
         })
     }
+
+    fn delay(&self, key: String) -> DelayRecord {
+        let held = self.release.peek(|r| {
+            let runtime = r.shared.runtime.clone();
+            (runtime, r.lc.clone(), r.lock.clone(), r.name.clone())
+        });
+        Arc::new(move |step| {
+            let held = held.clone();
+            let key = key.clone();
+            spawned("a lock-delay record", held, move |lc, lock, name| {
+                super::delay::step(lc, key, lock, name, step)
+            })
+        })
+    }
 }
 
 impl MyGrant {
@@ -151,20 +165,35 @@ impl MyGrant {
             let runtime = r.shared.runtime.clone();
             (runtime, r.lc.clone(), r.lock.clone(), r.name.clone())
         });
-        let Some((runtime, lc, lock, name)) = held else {
-            return Box::pin(std::future::ready(Err(Error::Database(
-                format!("{what} for a released lock").into(),
-            ))));
-        };
-        let task = runtime.spawn(work(lc, lock, name));
-        Box::pin(async move {
-            task.await.unwrap_or_else(|_| {
-                Err(Error::Database(
-                    "a task on the lock's connection ended unexpectedly".into(),
-                ))
-            })
-        })
+        spawned(what, held, work)
     }
+}
+
+/// What a statement on a held lock's session needs: the runtime the lock
+/// was taken on, its connection, its lock string and its name.
+type Held = (tokio::runtime::Handle, Arc<LockConn>, String, LockName);
+
+/// Runs `work` on the runtime the lock was taken on (see
+/// [`MyGrant::on_lock_session`]); `held` is `None` once released.
+fn spawned<T, F, Fut>(what: &str, held: Option<Held>, work: F) -> BoxFuture<Result<T>>
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<LockConn>, String, LockName) -> Fut,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let Some((runtime, lc, lock, name)) = held else {
+        return Box::pin(std::future::ready(Err(Error::Database(
+            format!("{what} for a released lock").into(),
+        ))));
+    };
+    let task = runtime.spawn(work(lc, lock, name));
+    Box::pin(async move {
+        task.await.unwrap_or_else(|_| {
+            Err(Error::Database(
+                "a task on the lock's connection ended unexpectedly".into(),
+            ))
+        })
+    })
 }
 
 impl Release {

@@ -143,6 +143,7 @@
 
 mod check;
 mod conn;
+mod delay;
 mod errors;
 mod fence;
 mod get_lock;

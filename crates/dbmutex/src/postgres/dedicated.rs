@@ -17,7 +17,7 @@ use super::sql::{self, Call};
 use super::xact::wait_xact_dedicated;
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant, OnSession};
+use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::idle::Idle;
 use crate::core::loss::LossToken;
 use crate::core::wait;
@@ -487,5 +487,10 @@ impl OnSession for DedicatedGrant {
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.held.peek(|d| d.lock.clone()), run, exit_code)
+    }
+
+    /// Transaction locks are refused by the core, as for [`Self::fence`].
+    fn delay(&self, key: String) -> DelayRecord {
+        super::delay::record(self.held.peek(|d| d.lock.clone()), key)
     }
 }

@@ -160,10 +160,11 @@ pub(crate) async fn create(conn: &PgConn) -> Result<()> {
     create_table(conn, POSTGRES_TABLE, no_table_help).await
 }
 
-/// Both of dbmutex's tables (`dbmutex init`).
+/// Every table of dbmutex's (`dbmutex init`).
 pub(super) async fn create_tables(conn: &PgConn) -> Result<()> {
     create(conn).await?;
-    create_table(conn, crate::runs::POSTGRES_TABLE, crate::runs::no_table_help).await
+    create_table(conn, crate::runs::POSTGRES_TABLE, crate::runs::no_table_help).await?;
+    create_table(conn, crate::delay::POSTGRES_TABLE, crate::delay::no_table_help).await
 }
 
 /// [`create`] for any of dbmutex's tables.

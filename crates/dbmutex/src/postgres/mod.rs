@@ -63,6 +63,7 @@ mod budget;
 mod caller;
 mod conn;
 mod dedicated;
+mod delay;
 mod errors;
 mod fence;
 mod handoff;

@@ -12,7 +12,7 @@ use super::handoff::{self, PgHold};
 use super::names::OwnNames;
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, Grant, OnSession};
+use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Mode, Result};
@@ -148,5 +148,9 @@ impl OnSession for SessionGrant {
 
     fn finish_run(&self, run: u64, exit_code: Option<i32>) -> BoxFuture<Result<()>> {
         super::runs::finish_for_grant(self.release.peek(|r| r.lock.clone()), run, exit_code)
+    }
+
+    fn delay(&self, key: String) -> DelayRecord {
+        super::delay::record(self.release.peek(|r| r.lock.clone()), key)
     }
 }
