@@ -269,7 +269,6 @@ impl LockGuard {
         self.metrics.end(self.loss.is_lost());
         self.loss.mark_released();
         self.count.fetch_sub(1, Ordering::Relaxed);
-        let hold_time = self.acquired_at.elapsed();
         // If this future is dropped mid-way, `grant` is dropped with it and
         // its Drop queues the unlock (a lock-delay record not yet opened
         // then keeps the lock closed for its delay: the safe side).
@@ -279,7 +278,7 @@ impl LockGuard {
         let r = grant.release().await;
         match &r {
             Ok(()) => {
-                tracing::debug!(name = %self.name, held_us = hold_time.as_micros() as u64, "dbmutex: released")
+                tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released")
             }
             Err(e) => {
                 tracing::warn!(name = %self.name, error = %e, "dbmutex: release failed; connection closed")

@@ -129,20 +129,26 @@ impl<B: Backend> Pipeline<B> {
         let reservation = Reservation(&self.count);
         self.refuse(opts)?;
         let key = self.backend.key(&name)?;
-        let start = tokio::time::Instant::now();
+        // Timed only for the debug log (a clock read is not free).
+        let start = tracing::enabled!(tracing::Level::DEBUG).then(tokio::time::Instant::now);
         let deadline = wait::deadline(opts.timeout);
         let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
         let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts, deadline), span).await?;
-        let waited_us = start.elapsed().as_micros() as u64;
+        let waited_us = start.map_or(0, |s| s.elapsed().as_micros() as u64);
         match grant {
             Some(Granted { grant: g, permit }) => {
-                let Some(Settled {
+                // Rare and large: boxed, off the hot path's future.
+                let Settled {
                     grant: g,
                     fence,
                     delay,
-                }) = settle::settle(g, &name, key.to_string(), opts, deadline).await?
-                else {
-                    return Ok(None);
+                } = if opts.fenced || opts.lock_delay.is_some() {
+                    match Box::pin(settle::settle(g, &name, key.to_string(), opts, deadline)).await? {
+                        Some(s) => s,
+                        None => return Ok(None),
+                    }
+                } else {
+                    Settled::plain(g)
                 };
                 std::mem::forget(reservation);
                 tracing::debug!(name = %name, mode = opts.mode.as_str(), waited_us, fence, "dbmutex: acquired");

@@ -19,6 +19,17 @@ pub(crate) struct Settled {
     pub(crate) delay: Option<Renewal>,
 }
 
+impl Settled {
+    /// A grant with nothing asked of its session.
+    pub(crate) fn plain(grant: Box<dyn Grant>) -> Self {
+        Settled {
+            grant,
+            fence: None,
+            delay: None,
+        }
+    }
+}
+
 /// Runs lock-delay and fencing on `g` as `opts` ask; `Ok(None)` (the lock
 /// released) when a lost holder's closure outlasts `deadline`.
 pub(crate) async fn settle(

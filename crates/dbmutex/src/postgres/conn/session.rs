@@ -288,8 +288,12 @@ impl PgConn {
         use std::fmt::Write;
         let mut text = self.last_name.lock().unwrap_or_else(|e| e.into_inner());
         text.clear();
-        // Writing to a String cannot fail.
-        let _ = write!(text, "{name}");
+        match name {
+            // Most names: a copy, not the formatting machinery.
+            LockName::Str(s) => text.push_str(s),
+            // Writing to a String cannot fail.
+            other => drop(write!(text, "{other}")),
+        }
     }
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
