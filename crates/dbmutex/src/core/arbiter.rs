@@ -195,7 +195,9 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
         };
         let took = match place {
             None => true,
-            Some((q, deadline)) => wait_queued(&slot.slot, q, deadline).await,
+            // Boxed: queueing in process is rare, and its wait (a timer
+            // inside) would grow every acquisition's future.
+            Some((q, deadline)) => Box::pin(wait_queued(&slot.slot, q, deadline)).await,
         };
         // Not `then_some`: building a Hold we do not own would give back
         // someone else's hold when it drops.

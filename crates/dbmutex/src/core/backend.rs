@@ -114,8 +114,16 @@ pub(crate) struct Attempt<'a, B: Backend> {
     /// The in-process hold, when the plan asked for one. A grant takes it
     /// (it is given back when the lock is released).
     pub(crate) hold: Option<Hold<B::Key, B::SlotExt>>,
-    /// The innermost lock this locker holds in a scoped call of this task.
-    pub(crate) enclosing: Option<LockName>,
+    /// The locker's id (see [`Attempt::enclosing`]).
+    pub(crate) locker: u64,
+}
+
+impl<B: Backend> Attempt<'_, B> {
+    /// The innermost lock this locker holds in a scoped call of this task
+    /// (looked up when asked: most backends never do).
+    pub(crate) fn enclosing(&self) -> Option<LockName> {
+        super::scope::enclosing(self.locker)
+    }
 }
 
 /// A future a backend method returns.

@@ -132,8 +132,18 @@ impl<B: Backend> Pipeline<B> {
         // Timed only for the debug log (a clock read is not free).
         let start = tracing::enabled!(tracing::Level::DEBUG).then(tokio::time::Instant::now);
         let deadline = wait::deadline(opts.timeout);
-        let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
-        let grant = tracing::Instrument::instrument(self.grant(&name, &key, opts, deadline), span).await?;
+        let grant = if start.is_some() {
+            // The debug log's span, boxed: off, it costs the hot path's
+            // future nothing.
+            let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
+            Box::pin(tracing::Instrument::instrument(
+                self.grant(&name, &key, opts, deadline),
+                span,
+            ))
+            .await?
+        } else {
+            self.grant(&name, &key, opts, deadline).await?
+        };
         let waited_us = start.map_or(0, |s| s.elapsed().as_micros() as u64);
         match grant {
             Some(Granted { grant: g, permit }) => {
@@ -274,7 +284,7 @@ impl<B: Backend> Pipeline<B> {
             settings: &self.settings,
             deadline,
             hold,
-            enclosing: super::scope::enclosing(self.id),
+            locker: self.id,
         };
         let tries = self.backend.begin(&at).await?;
         // The waits are boxed: only the first try is inline in the

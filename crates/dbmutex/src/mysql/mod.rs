@@ -336,7 +336,7 @@ impl Backend for MyBackend {
     fn wait_in_server<'a>(&'a self, _: (), at: &'a mut Attempt<'_, Self>) -> impl Fut<'a, Waited<()>> {
         async move {
             let mut hold = at.hold.take();
-            if let Some(claim) = nested::claim_enclosing(&self.shared, at.enclosing.as_ref(), at.settings) {
+            if let Some(claim) = nested::claim_enclosing(&self.shared, at.enclosing().as_ref(), at.settings) {
                 match nested::wait(&self.shared, claim, at, hold).await {
                     Ok(r) => return r.map(waited),
                     Err(back) => hold = back,

@@ -221,6 +221,42 @@ impl PgConn {
             self.moved();
             return Ok(None);
         }
+        let Text::Prepared = text else {
+            // Rare (the first lock of each kind, or behind a pooler):
+            // boxed, so that the prepared path's future, awaited in every
+            // lock and unlock, stays small.
+            return Box::pin(self.unprepared_call(call, mode, key, name, text, owner)).await;
+        };
+        let stmt = match self.cached(call, mode, key) {
+            Some(stmt) => stmt,
+            None => Box::pin(self.prepared(call, mode, key)).await?,
+        };
+        let params = sql::Params::of(key, owner);
+        let (values, n) = params.values();
+        match self.client.query_opt(&stmt, &values[..n]).await {
+            Ok(row) => Ok(self.answered(row.as_ref())),
+            // Our prepared statement is not on this server session:
+            // a pooler moved us (to a session where the name may even
+            // be another client's statement, which the claim check in
+            // it refuses). Our former session may hold locks: end it.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) => {
+                self.moved();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::lock_call`] for every text but [`Text::Prepared`].
+    async fn unprepared_call(
+        self: &Arc<Self>,
+        call: Call,
+        mode: Mode,
+        key: &PgKey,
+        name: &LockName,
+        text: Text,
+        owner: &str,
+    ) -> std::result::Result<Option<bool>, tokio_postgres::Error> {
         let rows = match text {
             Text::Named => {
                 let comment = crate::key::sql_comment(name);
@@ -232,26 +268,7 @@ impl PgConn {
                 let (sql, params) = sql::bound_plain(call, false, mode, key, owner);
                 self.client.query_typed(&sql, &params.as_typed()).await?
             }
-            Text::Executed => return self.executed_call(call, mode, key, owner).await,
-            Text::Prepared => {
-                let stmt = self.prepared(call, mode, key).await?;
-                let params = sql::Params::of(key, owner);
-                let (values, n) = params.values();
-                match self.client.query_opt(&stmt, &values[..n]).await {
-                    Ok(row) => return Ok(self.answered(row.as_ref())),
-                    // Our prepared statement is not on this server session:
-                    // a pooler moved us (to a session where the name may even
-                    // be another client's statement, which the claim check in
-                    // it refuses). Our former session may hold locks: end it.
-                    Err(e)
-                        if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
-                    {
-                        self.moved();
-                        return Ok(None);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            Text::Executed | Text::Prepared => return self.executed_call(call, mode, key, owner).await,
         };
         Ok(self.answered(rows.first()))
     }
@@ -301,6 +318,15 @@ impl PgConn {
     /// with it (pipelined: one round trip for both), so that no unlock ever
     /// waits for a prepare: a release dropped mid-prepare would not know
     /// whether its unlock went out.
+    /// The statement for `call`, `mode` and `key`'s form, if prepared.
+    fn cached(&self, call: Call, mode: Mode, key: &PgKey) -> Option<tokio_postgres::Statement> {
+        self.statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(call, mode, matches!(key, PgKey::Big(_))))
+            .cloned()
+    }
+
     async fn prepared(
         &self,
         call: Call,
@@ -308,13 +334,7 @@ impl PgConn {
         key: &PgKey,
     ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
         let form = matches!(key, PgKey::Big(_));
-        let cached = self
-            .statements
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(call, mode, form))
-            .cloned();
-        if let Some(s) = cached {
+        if let Some(s) = self.cached(call, mode, key) {
             return Ok(s);
         }
         let (s, unlock) = if call == Call::Try {
