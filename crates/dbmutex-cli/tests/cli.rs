@@ -799,18 +799,31 @@ fn odd_names_are_locks(b: &Backend) {
     }
 }
 
-/// `status`: free → 0, held → 1 with the holder; `--json` agrees.
+/// The label of a holder's number on each backend: what it is.
+fn holder_label(b: &Backend) -> &'static str {
+    match b.kind {
+        "postgres" => "backend_pid",
+        "mysql" => "connection_id",
+        _ => "client_pid",
+    }
+}
+
+/// `status`: free → 0, held → 1 with the holder, whose number says what
+/// it is (PostgreSQL's backend pid, MySQL's connection id, the local
+/// holder's own pid); `--json` agrees.
 fn status_reports_holders(b: &Backend) {
     let name = b.name("stat");
     let out = b.run(&["status", &name]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "free\n");
 
-    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let holder = b.hold(&name, &[], "exec sleep 30");
     let out = b.run(&["status", &name]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with("held\nexclusive: pid "), "{text}");
+    let label = holder_label(b);
+    let prefix = format!("held\nexclusive: {} ", label.replace('_', " "));
+    assert!(text.starts_with(&prefix), "[{}] {text}", b.kind);
 
     let out = b.run(&["status", "--json", &name]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
@@ -822,7 +835,11 @@ fn status_reports_holders(b: &Backend) {
     let holders = v["holders"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{v}");
     assert_eq!(holders[0]["mode"], "exclusive");
-    assert!(holders[0]["pid"].as_i64().is_some(), "{v}");
+    assert!(holders[0][label].as_i64().is_some(), "{v}");
+    assert!(holders[0].get("pid").is_none(), "no unlabelled pid: {v}");
+    if b.kind == "local" {
+        assert_eq!(holders[0][label].as_i64(), Some(i64::from(holder.pid())), "{v}");
+    }
 }
 
 /// MySQL's `list` needs the `metadata_lock_info` plugin, which the shared
@@ -1292,6 +1309,61 @@ fn slots_cap_concurrent_runs(b: &Backend) {
         "slots free once the holders are gone: {}",
         stderr(&out)
     );
+}
+
+/// Every holder of NAME's slots must give the same N: a `--slots 5`
+/// holder beside three `--slots 3` holders is refused (exit 69) instead of
+/// making 4 at once; `status NAME` (no `--slots`) says the slots are held
+/// (exit 1), with the count where the backend can tell it.
+fn slots_refuse_another_count(b: &Backend) {
+    let name = b.name("slot-count");
+    let three: Vec<Proc> = (0..3)
+        .map(|_| b.hold(&name, &["--slots", "3"], "exec sleep 30"))
+        .collect();
+    let ran = b.marker("five-ran");
+    let touch = format!("touch '{}'", ran.display());
+    let out = b.run(&["run", "-n", "--slots", "5", &name, "-c", &touch]);
+    assert_eq!(code(&out), 69, "[{}] {}", b.kind, stderr(&out));
+    assert!(
+        stderr(&out).contains("another number of slots than 5"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!ran.exists(), "[{}] the --slots 5 command ran: 4 at once", b.kind);
+    let out = b.run(&["status", &name]);
+    assert_eq!(code(&out), 1, "[{}] {}", b.kind, stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.starts_with("slots held\nslots: 3 processes hold some of its slots"),
+        "[{}] {text}",
+        b.kind
+    );
+    let out = b.run(&["status", "--json", &name]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["state"].as_str(), v["held"].as_bool()),
+        (Some("slots held"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["slot_holders"], 3, "{v}");
+    if b.kind != "mysql" {
+        assert_eq!(
+            v["slot_counts"],
+            serde_json::json!([{ "slots": 3, "holders": 3 }]),
+            "{v}"
+        );
+    }
+    drop(three);
+    // The other way round (where the backend has shared count markers: on
+    // MySQL a holder counting more in a slot beyond 3 is not seen).
+    if b.kind != "mysql" {
+        let _five = b.hold(&name, &["-w", "10", "--slots", "5"], "exec sleep 30");
+        let out = b.run(&["run", "-n", "--slots", "3", &name, "-c", &touch]);
+        assert_eq!(code(&out), 69, "[{}] {}", b.kind, stderr(&out));
+        assert!(!ran.exists());
+        let out = b.run(&["run", "-n", "--slots", "5", &name, "-c", &touch]);
+        assert_eq!(code(&out), 0, "[{}] the same count: {}", b.kind, stderr(&out));
+    }
 }
 
 /// Lock loss stops the whole tree, grandchildren included, before dbmutex
@@ -2645,6 +2717,7 @@ backend_tests! {
         init_prepares_fencing,
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
+        slots_refuse_another_count,
         once_per_runs_once_per_tick,
         once_per_is_once_per_cron_tick,
         once_per_records_failures_truthfully,
