@@ -598,7 +598,10 @@ fn waiter_takes_over_at_release(b: &Backend) {
         .expect("the waiter ran before the holder's command ended");
     assert_eq!(err.matches("waiting for lock").count(), 1, "{err}");
     assert!(
-        err.contains(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+        err.contains(&format!(
+            "dbmutex: waiting for lock {name} (held by {} ",
+            holder_label(b).replace('_', " ")
+        )),
         "{err}"
     );
     assert!(err.contains("acquired lock"), "{err}");
@@ -1579,7 +1582,10 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
             .collect();
         assert_eq!(waiting.len(), lines_wanted, "[{}] {err}", b.kind);
         assert!(
-            waiting[0].starts_with(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+            waiting[0].starts_with(&format!(
+                "dbmutex: waiting for lock {name} (held by {} ",
+                holder_label(b).replace('_', " ")
+            )),
             "[{}] {err}",
             b.kind
         );
@@ -1590,7 +1596,8 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
                 .and_then(|(secs, _)| secs.parse::<f64>().ok())
                 .unwrap_or_else(|| panic!("[{}] {err}", b.kind));
             assert!((6.0..8.0).contains(&after), "[{}] {err}", b.kind);
-            assert!(again.contains(" (held by pid "), "[{}] {err}", b.kind);
+            let held_by = format!(" (held by {} ", holder_label(b).replace('_', " "));
+            assert!(again.contains(&held_by), "[{}] {err}", b.kind);
         }
         assert!(err.contains("gave up waiting"), "[{}] {err}", b.kind);
     }
@@ -1731,6 +1738,37 @@ fn init_prepares_fencing(b: &Backend) {
     );
 }
 
+/// A user that may not create the fencing table (a database of its own
+/// where it may only read its application's table) gets exit 69, as `run
+/// --help`'s table says, and the message names the flag that exists:
+/// `dbmutex init --database-url URL` (it said `--url`).
+fn missing_fence_table_exits_69(b: &Backend) {
+    let tag = unique();
+    let (db, user) = (format!("dbmutex_nofence_{tag}"), format!("nofence{tag}"));
+    b.sql(&format!(
+        "CREATE DATABASE {db}; CREATE TABLE {db}.app_data (id INT); \
+         CREATE USER '{user}'@'%'; GRANT SELECT ON {db}.app_data TO '{user}'@'%'"
+    ));
+    let u = MysqlUrl::parse(b.url.as_deref().unwrap());
+    let url = format!("mysql://{user}@{}:{}/{db}", u.host, u.port);
+    let out = b.run(&[
+        "--database-url",
+        &url,
+        "run",
+        "--fence",
+        &b.name("nofence"),
+        "--",
+        "true",
+    ]);
+    b.sql(&format!("DROP DATABASE {db}; DROP USER '{user}'@'%'"));
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("run `dbmutex init --database-url URL`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// `--once-per`: 8 processes on one "cron tick" (started within 1 s) run
 /// the command exactly once; the other 7 exit 75 saying when and where it
 /// last ran; `status` shows the run and its exit status; `-E 0` skips
@@ -1853,7 +1891,7 @@ fn once_per_runs_once_per_tick(b: &Backend) {
 /// `--once-per` equal to the period: every tick runs the command exactly
 /// once (none skipped, none twice).
 fn once_per_is_once_per_cron_tick(b: &Backend) {
-    const TICKS: u32 = 15;
+    const TICKS: u32 = 20;
     const PERIOD: Duration = Duration::from_secs(2);
     let name = b.name("cron");
     let ran = b.marker("cron-ran");
@@ -2723,6 +2761,6 @@ backend_tests! {
         once_per_records_failures_truthfully,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    mysql: [missing_fence_table_exits_69, list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     local: [list_shows_held_locks, terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }
