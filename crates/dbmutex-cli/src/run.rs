@@ -70,11 +70,8 @@ async fn under_lock(plan: &Plan, held: &Held, signals: &mut Signals) -> Result<O
     if let LockName::Slot(_, slot) = guard.name() {
         env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
     }
-    let ended = match Tree::start(&plan.program, &env, plan.kill_after) {
-        Ok(tree) => {
-            tree.run(guard, signals, plan.kill_after, &plan.name, plan.say)
-                .await
-        }
+    let ended = match Tree::start(&plan.program, &env, plan.kill_after, &plan.name, plan.say) {
+        Ok(tree) => tree.run(guard, signals).await,
         Err(f) => {
             // Found by the check, gone (or not executable) by now: the
             // record says how this run ended.

@@ -45,15 +45,23 @@ pub struct Tree {
     /// SIGCHLD, to see the command stop (Ctrl-Z, or SIGTTIN when it reads
     /// the terminal from the background), when there is a terminal.
     sigchld: Option<Signal>,
+    /// Time between SIGTERM and SIGKILL when the group is stopped.
+    kill_after: Duration,
+    /// The lock's name, for messages.
+    name: String,
+    say: Say,
 }
 
 impl Tree {
     /// Starts `program` with `env` (see [`Program::spawn`]) in a group of
-    /// its own, the guardian armed before it exists.
+    /// its own, the guardian armed before it exists. `name` and `say` are
+    /// for the messages about the group.
     pub fn start(
         program: &Program,
         env: &[(&str, Option<String>)],
         kill_after: Duration,
+        name: &str,
+        say: Say,
     ) -> Result<Tree, Failure> {
         // With a terminal, dbmutex watches the command for stops (job
         // control). Listen before the command exists: a SIGCHLD from a stop
@@ -93,6 +101,9 @@ impl Tree {
             guardian,
             terminal,
             sigchld,
+            kill_after,
+            name: name.to_owned(),
+            say,
         })
     }
 
@@ -100,15 +111,8 @@ impl Tree {
     /// takes the terminal back; the guardian is disarmed once the group is
     /// gone (on an error it is dropped armed: its pipe closes as at
     /// dbmutex's death, and it stops the group).
-    pub async fn run(
-        mut self,
-        guard: &LockGuard,
-        signals: &mut Signals,
-        kill_after: Duration,
-        name: &str,
-        say: Say,
-    ) -> Result<Ended, Failure> {
-        let ended = self.supervise(guard, signals, kill_after, name, say).await;
+    pub async fn run(mut self, guard: &LockGuard, signals: &mut Signals) -> Result<Ended, Failure> {
+        let ended = self.supervise(guard, signals).await;
         if let Some(t) = &self.terminal {
             if t.is_owned_by(self.pgid) {
                 t.take_back();
@@ -123,14 +127,8 @@ impl Tree {
     /// Waits for the command, forwarding signals to its group; stops the
     /// group if the lock is lost. Returns once no process of the group is
     /// left (or, after SIGKILL, none can run any more).
-    async fn supervise(
-        &mut self,
-        guard: &LockGuard,
-        signals: &mut Signals,
-        kill_after: Duration,
-        name: &str,
-        say: Say,
-    ) -> Result<Ended, Failure> {
+    async fn supervise(&mut self, guard: &LockGuard, signals: &mut Signals) -> Result<Ended, Failure> {
+        let (name, say) = (self.name.clone(), self.say);
         let mut lost = pin!(guard.lost());
         let status = loop {
             tokio::select! {
@@ -150,7 +148,7 @@ impl Tree {
                              stopping the command's process group with SIGTERM"
                         ));
                     }
-                    self.stop(false, signals, kill_after, say).await?;
+                    self.stop(false, signals).await?;
                     return Ok(if over { Ended::MaxHold } else { Ended::Lost });
                 }
                 sig = stopped(&mut self.sigchld, self.pgid) => self.on_stop(sig),
@@ -163,20 +161,15 @@ impl Tree {
                 "the command exited but left processes in its process group; \
                  stopping them with SIGTERM before releasing lock {name}"
             ));
-            self.stop(true, signals, kill_after, say).await?;
+            self.stop(true, signals).await?;
         }
         Ok(Ended::Exited(child::exit_code(status)))
     }
 
     /// SIGTERM to the group, then SIGKILL after `kill_after` unless it is
     /// empty by then. `reaped`: the leader has been waited for already.
-    async fn stop(
-        &mut self,
-        mut reaped: bool,
-        signals: &mut Signals,
-        kill_after: Duration,
-        say: Say,
-    ) -> Result<(), Failure> {
+    async fn stop(&mut self, mut reaped: bool, signals: &mut Signals) -> Result<(), Failure> {
+        let (kill_after, say) = (self.kill_after, self.say);
         group::signal_group(self.pgid, libc::SIGTERM);
         let mut deadline = pin!(tokio::time::sleep(kill_after));
         loop {
