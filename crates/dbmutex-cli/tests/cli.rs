@@ -1356,6 +1356,27 @@ fn slots_refuse_another_count(b: &Backend) {
             "{v}"
         );
     }
+    if b.kind == "local" {
+        // A holder that gives 5 beside them (its count marker, held shared by
+        // flock(1)): `status --slots 3` warns, naming both counts.
+        let marker = dbmutex::LockName::Slot(name.clone(), dbmutex::SLOT_MARKERS + 5);
+        let file = dbmutex::key::local_file_name(&marker, &dbmutex::Prefix::none()).unwrap();
+        let mut other = Command::new("flock")
+            .arg("-s")
+            .arg(b.dir.join("locks").join(file))
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("start flock(1)");
+        let mut said = String::new();
+        let warned = eventually(Duration::from_secs(10), || {
+            let out = b.run(&["status", "--slots", "3", &name]);
+            said = String::from_utf8_lossy(&out.stdout).into_owned();
+            said.contains("warning: holders are counting 3 slots (3), 5 slots (1): holders disagree")
+        });
+        let _ = other.kill();
+        let _ = other.wait();
+        assert!(warned, "{said}");
+    }
     drop(three);
     // The other way round (where the backend has shared count markers: on
     // MySQL a holder counting more in a slot beyond 3 is not seen).
