@@ -75,7 +75,7 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
     }
     let holders = locker.holders(name.clone()).await?;
     // Holders of NAME's slots (`run --slots`) are holders too, whatever
-    // they count (where the backend can tell: not MySQL/MariaDB).
+    // they count (MySQL/MariaDB: found by asking each slot, count unknown).
     let slots = locker.slot_holders(&name.to_string()).await?;
     let in_slots = slots.holders;
     let state = match (holders.is_empty(), in_slots) {
@@ -169,7 +169,13 @@ async fn slots_status(
         slots.push((i, locker.holders(slot).await?));
     }
     let free = slots.iter().filter(|(_, h)| h.is_empty()).count();
-    let counts = locker.slot_holders(&name.to_string()).await?.counts;
+    // The counts holders give, where the backend can tell them (MySQL
+    // cannot: its scan of every slot would tell nothing more here).
+    let counts = if locker.capabilities().shared {
+        locker.slot_holders(&name.to_string()).await?.counts
+    } else {
+        Vec::new()
+    };
     let out = if args.json {
         let rows: Vec<Value> = slots
             .iter()
