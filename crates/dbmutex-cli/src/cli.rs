@@ -83,7 +83,8 @@ Exit status of `dbmutex status`:
   0    the lock is free (and, without --slots, none of its slots is held)
   1    the lock is held, or, without --slots, processes hold its slots
        (`run --slots`; state \"slots held\", with their number and the N they
-       give; MySQL/MariaDB cannot tell N and asks each of 1024 slots, ~1 s)
+       give; MySQL/MariaDB cannot tell N, and without a list of its user locks
+       (MariaDB's metadata_lock_info plugin) asks each of 1024 slots: ~1 s)
   64   usage error: bad flag or value, empty name, a URL that is not a database
        URL or is malformed
   69   server unreachable, authentication failed, or another database error

@@ -847,6 +847,7 @@ fn status_reports_holders(b: &Backend) {
 
 /// MySQL's `list` needs the `metadata_lock_info` plugin, which the shared
 /// test server need not have: the test starts a private MariaDB with it.
+/// There `status` finds slot holders in that list too.
 fn list_shows_held_locks_on_a_private_server(b: &Backend) {
     assert_eq!(b.kind, "mysql");
     let my = servers::private_mariadb::PrivateMariaDb::start(&["--plugin-load-add=metadata_lock_info"]);
@@ -856,6 +857,13 @@ fn list_shows_held_locks_on_a_private_server(b: &Backend) {
         dir: b.dir.clone(),
     };
     list_shows_held_locks(&private);
+    // Slot holders found in the server's list (one query), not slot by slot.
+    let started = Instant::now();
+    slots_refuse_another_count(&private);
+    eprintln!(
+        "slots_refuse_another_count on the listing server: {:?}",
+        started.elapsed()
+    );
 }
 
 /// The library tests' private servers (a server started for one test),

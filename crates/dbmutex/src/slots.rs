@@ -160,16 +160,34 @@ impl Locker {
 
     /// Who holds slots of `name` now, whatever they count, and the counts
     /// they give (see "Counts" above). On MySQL/MariaDB, which has no
-    /// shared count markers, each of the [`MAX_SLOTS`] slot locks is asked
-    /// (one `IS_USED_LOCK` each) and the counts are not known. A snapshot,
+    /// shared count markers, the counts are not known, and the holders are
+    /// found in the server's list of user locks ([`Locker::list`]) or,
+    /// where it has none (MariaDB without `metadata_lock_info`, MySQL
+    /// without `performance_schema`), by asking each of the [`MAX_SLOTS`]
+    /// slot locks (one `IS_USED_LOCK` each: about a second). A snapshot,
     /// as [`Locker::holders`]; holders are counted per server session or
     /// process.
     pub async fn slot_holders(&self, name: &str) -> Result<SlotHolders> {
         if !self.capabilities().shared {
-            let mut holders = 0;
-            for i in 0..MAX_SLOTS {
-                holders += usize::from(self.is_locked(LockName::Slot(name.to_owned(), i)).await?);
-            }
+            let slot = |i| LockName::Slot(name.to_owned(), i);
+            let holders = match self.list().await {
+                // The server lists its user locks (MariaDB's
+                // metadata_lock_info, MySQL's performance_schema): one query.
+                Ok(listed) => {
+                    let keys = (0..MAX_SLOTS)
+                        .map(|i| self.key_of(slot(i)))
+                        .collect::<Result<std::collections::HashSet<_>>>()?;
+                    listed.iter().filter(|l| keys.contains(&l.key)).count()
+                }
+                Err(Error::Unsupported(_)) => {
+                    let mut holders = 0;
+                    for i in 0..MAX_SLOTS {
+                        holders += usize::from(self.is_locked(slot(i)).await?);
+                    }
+                    holders
+                }
+                Err(e) => return Err(e),
+            };
             return Ok(SlotHolders {
                 holders,
                 counts: Vec::new(),
