@@ -1386,6 +1386,12 @@ fn slots_refuse_another_count(b: &Backend) {
         assert!(warned, "{said}");
     }
     drop(three);
+    // Their markers go with their sessions: a moment after their end.
+    assert!(
+        eventually(Duration::from_secs(10), || code(&b.run(&["status", &name])) == 0),
+        "[{}] the slots stay held after their holders ended",
+        b.kind
+    );
     // The other way round (where the backend has shared count markers: on
     // MySQL a holder counting more in a slot beyond 3 is not seen).
     if b.kind != "mysql" {

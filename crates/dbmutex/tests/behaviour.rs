@@ -807,7 +807,7 @@ async fn slots_admit_at_most_n_holders(b: Backend) {
 
     // Two holders count 3: a holder that counts 5 is refused (with three it
     // would make 4 at once), and leaves nothing held.
-    drop(got);
+    got.release().await.unwrap();
     let counts = lockers[0].slot_holders(name.as_str()).await.unwrap();
     assert_eq!(counts.holders, 2, "{counts:?}");
     let five = lockers[3].acquire_slot(name.as_str(), 5, &once).await;
