@@ -80,7 +80,7 @@ impl Program {
     }
 
     /// Starts the program with our stdin, stdout and stderr, as the leader
-    /// of a process group of its own (see [`crate::tree`]). Before its exec
+    /// of a process group of its own (see [`crate::group`]). Before its exec
     /// the child writes its pid to `report_fd` (the guardian's pipe), takes
     /// `terminal` (when dbmutex had it) and, on Linux, asks for SIGTERM if
     /// dbmutex dies.
@@ -145,7 +145,7 @@ fn in_own_group(cmd: &mut Command, report_fd: RawFd, terminal: Option<RawFd>) {
                 return Err(io::Error::last_os_error());
             }
             if let Some(tty) = terminal {
-                crate::tree::give_terminal(tty, libc::getpid());
+                crate::group::give_terminal(tty, libc::getpid());
             }
             Ok(())
         });

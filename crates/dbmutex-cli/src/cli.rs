@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
 
-use crate::seconds::{parse_duration, parse_once_per};
+use crate::plan::duration::{parse_duration, parse_once_per};
 
 /// The exit statuses of `dbmutex run`, in `dbmutex --help` and `run --help`.
 macro_rules! run_exit_table {
@@ -21,7 +21,8 @@ macro_rules! run_exit_table {
   69             server unreachable, authentication failed, another database error
                  before the command started, or the database lacks a table the
                  option needs (run `dbmutex init --database-url URL` as a role that
-                 may create it); the command did not run
+                 may create it), or holders of NAME's slots count another N than
+                 --slots N; the command did not run
   70             the lock was lost while the command ran (its process group got
                  SIGTERM, then SIGKILL after --kill-after)
   78             --require-database and no database URL; the command did not run
@@ -79,8 +80,11 @@ Examples:
 
 const STATUS_AFTER_HELP: &str = "\
 Exit status of `dbmutex status`:
-  0    the lock is free
-  1    the lock is held
+  0    the lock is free (and, without --slots, none of its slots is held)
+  1    the lock is held, or, without --slots, processes hold its slots
+       (`run --slots`; state \"slots held\", with their number and the N they
+       give; MySQL/MariaDB cannot tell N, and without a list of its user locks
+       (MariaDB's metadata_lock_info plugin) asks each of 1024 slots: ~1 s)
   64   usage error: bad flag or value, empty name, a URL that is not a database
        URL or is malformed
   69   server unreachable, authentication failed, or another database error
@@ -92,7 +96,12 @@ the same exit status:
   {\"error\":{\"kind\":\"connect\",\"message\":\"...\",\"exit\":69}}
 kind is one of: usage, invalid_name, config, unsupported, connect, database,
 lock_file, require_database, output, other. Usage errors found while parsing the
-command line (an unknown flag) are text on stderr, exit 64.";
+command line (an unknown flag) are text on stderr, exit 64.
+
+A holder's number is labelled with what it is: backend_pid (PostgreSQL: the
+server process of its session, for pg_terminate_backend), connection_id
+(MySQL/MariaDB: for KILL), client_pid (local backend: the holding process on
+this host; null when it cannot be told). `list` labels them the same way.";
 
 /// A mutex the database owns: flock(1) across hosts.
 #[derive(Debug, Parser)]
@@ -254,7 +263,9 @@ pub struct RunArgs {
     pub kill_after: Duration,
 
     /// Take one of N slots of NAME instead of the lock itself: at most N
-    /// holders at once (the command gets DBMUTEX_SLOT=0..N-1)
+    /// holders at once (the command gets DBMUTEX_SLOT=0..N-1). Every holder
+    /// must give the same N: one that finds holders giving another exits 69
+    /// without running the command
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub slots: Option<u32>,
 

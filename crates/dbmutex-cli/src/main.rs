@@ -5,17 +5,19 @@
 //! own messages, to stderr, prefixed `dbmutex:`. `main` returns the exit
 //! status that `--help` documents.
 
+mod acquire;
 mod backend;
 mod child;
 mod cli;
 mod docs;
 mod exit;
+mod group;
 mod init;
 mod once;
+mod plan;
 mod report;
 mod run;
 mod say;
-mod seconds;
 mod signals;
 mod tree;
 

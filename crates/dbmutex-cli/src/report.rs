@@ -74,7 +74,16 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
         return slots_status(&locker, &name, &args, n).await;
     }
     let holders = locker.holders(name.clone()).await?;
-    let state = if holders.is_empty() { "free" } else { "held" };
+    // Holders of NAME's slots (`run --slots`) are holders too, whatever
+    // they count (MySQL/MariaDB: found by asking each slot, count unknown).
+    let slots = locker.slot_holders(&name.to_string()).await?;
+    let in_slots = slots.holders;
+    let state = match (holders.is_empty(), in_slots) {
+        (false, _) => "held",
+        (true, 0) => "free",
+        (true, _) => "slots held",
+    };
+    let held = !holders.is_empty() || in_slots > 0;
     // The last once-per-window run, if any was recorded. A role that may
     // not read the table still gets the lock's state.
     let last_run = locker.last_run(name.clone()).await;
@@ -85,8 +94,10 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
             "backend": locker.backend().as_str(),
             "key": locker.key_of(name)?,
             "state": state,
-            "held": !holders.is_empty(),
+            "held": held,
             "holders": holders,
+            "slot_holders": slots.holders,
+            "slot_counts": counts_json(&slots.counts),
             "last_run": last_run.as_ref().ok().and_then(|r| r.as_ref().map(once::json)),
         });
         if let Err(e) = &last_run {
@@ -98,6 +109,19 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
         for h in &holders {
             s.push_str(&format!("{}: {}\n", h.mode.as_str(), holder_text(h)));
         }
+        if slots.holders > 0 {
+            s.push_str(&format!(
+                "slots: {} {} of its slots ({}; `dbmutex status --slots N {}` shows each)\n",
+                slots.holders,
+                if slots.holders == 1 {
+                    "process holds one"
+                } else {
+                    "processes hold some"
+                },
+                counts_text(&slots.counts),
+                shown(&args.name)
+            ));
+        }
         match &last_run {
             Ok(Some(last)) => s.push_str(&format!("{}\n", once::text(last))),
             Ok(None) => {}
@@ -106,7 +130,30 @@ async fn status_inner(global: &Global, args: StatusArgs) -> Result<u8, Failure> 
         s
     };
     print(&out)?;
-    Ok(u8::from(!holders.is_empty()))
+    Ok(u8::from(held))
+}
+
+/// The slot counts holders give, for `status`: `[{"slots": 3, "holders": 2}]`.
+fn counts_json(counts: &[(u32, usize)]) -> Value {
+    Value::Array(
+        counts
+            .iter()
+            .map(|(n, k)| json!({ "slots": n, "holders": k }))
+            .collect(),
+    )
+}
+
+/// "counting 3 slots", or "counting 3 slots (2), 5 slots (1): holders
+/// disagree" when they give different counts.
+fn counts_text(counts: &[(u32, usize)]) -> String {
+    match counts {
+        [] => "count unknown".into(),
+        [(n, _)] => format!("counting {n} slots"),
+        many => {
+            let each: Vec<String> = many.iter().map(|(n, k)| format!("{n} slots ({k})")).collect();
+            format!("counting {}: holders disagree", each.join(", "))
+        }
+    }
 }
 
 /// `status --slots N`: who holds which slot; 1 when every slot is held.
@@ -122,6 +169,13 @@ async fn slots_status(
         slots.push((i, locker.holders(slot).await?));
     }
     let free = slots.iter().filter(|(_, h)| h.is_empty()).count();
+    // The counts holders give, where the backend can tell them (MySQL
+    // cannot: its scan of every slot would tell nothing more here).
+    let counts = if locker.capabilities().shared {
+        locker.slot_holders(&name.to_string()).await?.counts
+    } else {
+        Vec::new()
+    };
     let out = if args.json {
         let rows: Vec<Value> = slots
             .iter()
@@ -135,9 +189,13 @@ async fn slots_status(
             "backend": locker.backend().as_str(),
             "slots": rows,
             "free": free,
+            "slot_counts": counts_json(&counts),
         }))
     } else {
         let mut s = format!("{free} of {n} slots free\n");
+        if counts.iter().any(|(m, _)| *m != n) {
+            s.push_str(&format!("warning: holders are {}\n", counts_text(&counts)));
+        }
         for (i, h) in &slots {
             if h.is_empty() {
                 s.push_str(&format!("slot {i}: free\n"));
@@ -229,15 +287,12 @@ fn key_inner(global: &Global, args: KeyArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// "pid 123, app x, user u, client 127.0.0.1:5000, since ..." with what is known.
+/// "backend pid 123, app x, user u, client 127.0.0.1:5000, since ..." with
+/// what is known; the number is labelled with what it is (see
+/// [`dbmutex::HolderId`]).
 fn holder_text(h: &Holder) -> String {
-    // The local backend cannot tell shared holders' pids apart: pid 0.
-    let pid = if h.pid > 0 {
-        h.pid.to_string()
-    } else {
-        "unknown".into()
-    };
-    let mut parts = vec![format!("pid {pid}")];
+    let id = h.id.value().map_or("unknown".into(), |n| n.to_string());
+    let mut parts = vec![format!("{} {id}", h.id.label().replace('_', " "))];
     let fields = [
         ("app", &h.application),
         ("user", &h.user),
@@ -260,7 +315,7 @@ pub fn holders_text(holders: &[Holder]) -> String {
 fn holder_json(h: &Holder) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("mode".into(), json!(h.mode.as_str()));
-    m.insert("pid".into(), json!(h.pid));
+    m.insert(h.id.label().into(), json!(h.id.value()));
     m.insert("application".into(), json!(h.application));
     m.insert("user".into(), json!(h.user));
     m.insert("client".into(), json!(h.client));

@@ -598,7 +598,10 @@ fn waiter_takes_over_at_release(b: &Backend) {
         .expect("the waiter ran before the holder's command ended");
     assert_eq!(err.matches("waiting for lock").count(), 1, "{err}");
     assert!(
-        err.contains(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+        err.contains(&format!(
+            "dbmutex: waiting for lock {name} (held by {} ",
+            holder_label(b).replace('_', " ")
+        )),
         "{err}"
     );
     assert!(err.contains("acquired lock"), "{err}");
@@ -799,18 +802,31 @@ fn odd_names_are_locks(b: &Backend) {
     }
 }
 
-/// `status`: free → 0, held → 1 with the holder; `--json` agrees.
+/// The label of a holder's number on each backend: what it is.
+fn holder_label(b: &Backend) -> &'static str {
+    match b.kind {
+        "postgres" => "backend_pid",
+        "mysql" => "connection_id",
+        _ => "client_pid",
+    }
+}
+
+/// `status`: free → 0, held → 1 with the holder, whose number says what
+/// it is (PostgreSQL's backend pid, MySQL's connection id, the local
+/// holder's own pid); `--json` agrees.
 fn status_reports_holders(b: &Backend) {
     let name = b.name("stat");
     let out = b.run(&["status", &name]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "free\n");
 
-    let _holder = b.hold(&name, &[], "exec sleep 30");
+    let holder = b.hold(&name, &[], "exec sleep 30");
     let out = b.run(&["status", &name]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with("held\nexclusive: pid "), "{text}");
+    let label = holder_label(b);
+    let prefix = format!("held\nexclusive: {} ", label.replace('_', " "));
+    assert!(text.starts_with(&prefix), "[{}] {text}", b.kind);
 
     let out = b.run(&["status", "--json", &name]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
@@ -822,11 +838,16 @@ fn status_reports_holders(b: &Backend) {
     let holders = v["holders"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{v}");
     assert_eq!(holders[0]["mode"], "exclusive");
-    assert!(holders[0]["pid"].as_i64().is_some(), "{v}");
+    assert!(holders[0][label].as_i64().is_some(), "{v}");
+    assert!(holders[0].get("pid").is_none(), "no unlabelled pid: {v}");
+    if b.kind == "local" {
+        assert_eq!(holders[0][label].as_i64(), Some(i64::from(holder.pid())), "{v}");
+    }
 }
 
 /// MySQL's `list` needs the `metadata_lock_info` plugin, which the shared
 /// test server need not have: the test starts a private MariaDB with it.
+/// There `status` finds slot holders in that list too.
 fn list_shows_held_locks_on_a_private_server(b: &Backend) {
     assert_eq!(b.kind, "mysql");
     let my = servers::private_mariadb::PrivateMariaDb::start(&["--plugin-load-add=metadata_lock_info"]);
@@ -836,6 +857,13 @@ fn list_shows_held_locks_on_a_private_server(b: &Backend) {
         dir: b.dir.clone(),
     };
     list_shows_held_locks(&private);
+    // Slot holders found in the server's list (one query), not slot by slot.
+    let started = Instant::now();
+    slots_refuse_another_count(&private);
+    eprintln!(
+        "slots_refuse_another_count on the listing server: {:?}",
+        started.elapsed()
+    );
 }
 
 /// The library tests' private servers (a server started for one test),
@@ -1294,6 +1322,88 @@ fn slots_cap_concurrent_runs(b: &Backend) {
     );
 }
 
+/// Every holder of NAME's slots must give the same N: a `--slots 5`
+/// holder beside three `--slots 3` holders is refused (exit 69) instead of
+/// making 4 at once; `status NAME` (no `--slots`) says the slots are held
+/// (exit 1), with the count where the backend can tell it.
+fn slots_refuse_another_count(b: &Backend) {
+    let name = b.name("slot-count");
+    let three: Vec<Proc> = (0..3)
+        .map(|_| b.hold(&name, &["--slots", "3"], "exec sleep 30"))
+        .collect();
+    let ran = b.marker("five-ran");
+    let touch = format!("touch '{}'", ran.display());
+    let out = b.run(&["run", "-n", "--slots", "5", &name, "-c", &touch]);
+    assert_eq!(code(&out), 69, "[{}] {}", b.kind, stderr(&out));
+    assert!(
+        stderr(&out).contains("another number of slots than 5"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!ran.exists(), "[{}] the --slots 5 command ran: 4 at once", b.kind);
+    let out = b.run(&["status", &name]);
+    assert_eq!(code(&out), 1, "[{}] {}", b.kind, stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.starts_with("slots held\nslots: 3 processes hold some of its slots"),
+        "[{}] {text}",
+        b.kind
+    );
+    let out = b.run(&["status", "--json", &name]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["state"].as_str(), v["held"].as_bool()),
+        (Some("slots held"), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["slot_holders"], 3, "{v}");
+    if b.kind != "mysql" {
+        assert_eq!(
+            v["slot_counts"],
+            serde_json::json!([{ "slots": 3, "holders": 3 }]),
+            "{v}"
+        );
+    }
+    if b.kind == "local" {
+        // A holder that gives 5 beside them (its count marker, held shared by
+        // flock(1)): `status --slots 3` warns, naming both counts.
+        let marker = dbmutex::LockName::Slot(name.clone(), dbmutex::SLOT_MARKERS + 5);
+        let file = dbmutex::key::local_file_name(&marker, &dbmutex::Prefix::none()).unwrap();
+        let mut other = Command::new("flock")
+            .arg("-s")
+            .arg(b.dir.join("locks").join(file))
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("start flock(1)");
+        let mut said = String::new();
+        let warned = eventually(Duration::from_secs(10), || {
+            let out = b.run(&["status", "--slots", "3", &name]);
+            said = String::from_utf8_lossy(&out.stdout).into_owned();
+            said.contains("warning: holders are counting 3 slots (3), 5 slots (1): holders disagree")
+        });
+        let _ = other.kill();
+        let _ = other.wait();
+        assert!(warned, "{said}");
+    }
+    drop(three);
+    // Their markers go with their sessions: a moment after their end.
+    assert!(
+        eventually(Duration::from_secs(10), || code(&b.run(&["status", &name])) == 0),
+        "[{}] the slots stay held after their holders ended",
+        b.kind
+    );
+    // The other way round (where the backend has shared count markers: on
+    // MySQL a holder counting more in a slot beyond 3 is not seen).
+    if b.kind != "mysql" {
+        let _five = b.hold(&name, &["-w", "10", "--slots", "5"], "exec sleep 30");
+        let out = b.run(&["run", "-n", "--slots", "3", &name, "-c", &touch]);
+        assert_eq!(code(&out), 69, "[{}] {}", b.kind, stderr(&out));
+        assert!(!ran.exists());
+        let out = b.run(&["run", "-n", "--slots", "5", &name, "-c", &touch]);
+        assert_eq!(code(&out), 0, "[{}] the same count: {}", b.kind, stderr(&out));
+    }
+}
+
 /// Lock loss stops the whole tree, grandchildren included, before dbmutex
 /// exits 70; a grandchild that ignores SIGTERM gets SIGKILL after
 /// --kill-after. Bound: the backend's loss detection plus --kill-after.
@@ -1507,7 +1617,10 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
             .collect();
         assert_eq!(waiting.len(), lines_wanted, "[{}] {err}", b.kind);
         assert!(
-            waiting[0].starts_with(&format!("dbmutex: waiting for lock {name} (held by pid ")),
+            waiting[0].starts_with(&format!(
+                "dbmutex: waiting for lock {name} (held by {} ",
+                holder_label(b).replace('_', " ")
+            )),
             "[{}] {err}",
             b.kind
         );
@@ -1518,7 +1631,8 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
                 .and_then(|(secs, _)| secs.parse::<f64>().ok())
                 .unwrap_or_else(|| panic!("[{}] {err}", b.kind));
             assert!((6.0..8.0).contains(&after), "[{}] {err}", b.kind);
-            assert!(again.contains(" (held by pid "), "[{}] {err}", b.kind);
+            let held_by = format!(" (held by {} ", holder_label(b).replace('_', " "));
+            assert!(again.contains(&held_by), "[{}] {err}", b.kind);
         }
         assert!(err.contains("gave up waiting"), "[{}] {err}", b.kind);
     }
@@ -1659,6 +1773,37 @@ fn init_prepares_fencing(b: &Backend) {
     );
 }
 
+/// A user that may not create the fencing table (a database of its own
+/// where it may only read its application's table) gets exit 69, as `run
+/// --help`'s table says, and the message names the flag that exists:
+/// `dbmutex init --database-url URL` (it said `--url`).
+fn missing_fence_table_exits_69(b: &Backend) {
+    let tag = unique();
+    let (db, user) = (format!("dbmutex_nofence_{tag}"), format!("nofence{tag}"));
+    b.sql(&format!(
+        "CREATE DATABASE {db}; CREATE TABLE {db}.app_data (id INT); \
+         CREATE USER '{user}'@'%'; GRANT SELECT ON {db}.app_data TO '{user}'@'%'"
+    ));
+    let u = MysqlUrl::parse(b.url.as_deref().unwrap());
+    let url = format!("mysql://{user}@{}:{}/{db}", u.host, u.port);
+    let out = b.run(&[
+        "--database-url",
+        &url,
+        "run",
+        "--fence",
+        &b.name("nofence"),
+        "--",
+        "true",
+    ]);
+    b.sql(&format!("DROP DATABASE {db}; DROP USER '{user}'@'%'"));
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("run `dbmutex init --database-url URL`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// `--once-per`: 8 processes on one "cron tick" (started within 1 s) run
 /// the command exactly once; the other 7 exit 75 saying when and where it
 /// last ran; `status` shows the run and its exit status; `-E 0` skips
@@ -1781,7 +1926,7 @@ fn once_per_runs_once_per_tick(b: &Backend) {
 /// `--once-per` equal to the period: every tick runs the command exactly
 /// once (none skipped, none twice).
 fn once_per_is_once_per_cron_tick(b: &Backend) {
-    const TICKS: u32 = 15;
+    const TICKS: u32 = 20;
     const PERIOD: Duration = Duration::from_secs(2);
     let name = b.name("cron");
     let ran = b.marker("cron-ran");
@@ -2645,11 +2790,12 @@ backend_tests! {
         init_prepares_fencing,
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
+        slots_refuse_another_count,
         once_per_runs_once_per_tick,
         once_per_is_once_per_cron_tick,
         once_per_records_failures_truthfully,
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    mysql: [list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
+    mysql: [missing_fence_table_exits_69, list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     local: [list_shows_held_locks, terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }

@@ -54,7 +54,7 @@
 //! The library creates the table on first use (`CREATE TABLE IF NOT
 //! EXISTS`). A role that may not create tables (PostgreSQL 15 no longer
 //! lets every role create in `public`) needs it created once by one that
-//! may — `dbmutex init --url URL` runs the statement — and then only these
+//! may — `dbmutex init --database-url URL` runs the statement — and then only these
 //! grants (PostgreSQL, MySQL):
 //!
 //! ```sql
@@ -134,7 +134,7 @@ pub const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS dbmutex_fence \
 pub(crate) fn no_table_help(what: &str) -> String {
     format!(
         "fencing tokens need the table dbmutex_fence, and this role cannot {what} it: \
-         run `dbmutex init --url URL` (or the statement in dbmutex::fence) as a role that may, \
+         run `dbmutex init --database-url URL` (or the statement in dbmutex::fence) as a role that may, \
          then grant SELECT, INSERT, UPDATE on dbmutex_fence to this one"
     )
 }

@@ -114,5 +114,5 @@ pub use key::{LockName, Prefix};
 pub use locker::Locker;
 pub use options::{LockOptions, Mode, WaitStrategy};
 pub use redact::redact_url;
-pub use slots::{SlotGuard, MAX_SLOTS};
-pub use types::{BackendKind, Capabilities, HeldLock, Holder, ListedLock, Outcome};
+pub use slots::{SlotCount, SlotGuard, SlotHolders, MAX_SLOTS, SLOT_MARKERS};
+pub use types::{BackendKind, Capabilities, HeldLock, Holder, HolderId, ListedLock, Outcome};

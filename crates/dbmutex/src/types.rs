@@ -122,8 +122,11 @@ pub struct Capabilities {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Holder {
-    /// Backend process id (PostgreSQL) or connection id (MySQL) or OS
-    /// process id (local backend, when known).
+    /// Who holds it, labelled with what the number is: see [`HolderId`].
+    pub id: HolderId,
+    /// The number in [`Holder::id`] (0 where unknown): PostgreSQL's
+    /// backend process id, MySQL's connection id or, on the local backend,
+    /// the holding process's id. Prefer `id`, which says which.
     pub pid: i64,
     /// Exclusive or shared.
     pub mode: Mode,
@@ -140,6 +143,44 @@ pub struct Holder {
     /// else the start of the holder connection's current command (whole
     /// seconds); on the local backend the holder's note, when it wrote one.
     pub since: Option<String>,
+}
+
+/// Who holds a lock, in its backend's terms (see [`Holder::id`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderId {
+    /// PostgreSQL: the holding session's server process id
+    /// (`pg_stat_activity.pid`, what `pg_terminate_backend` takes); not a
+    /// process of the client's host.
+    BackendPid(i64),
+    /// MySQL/MariaDB: the holding connection's id (`CONNECTION_ID()`,
+    /// what `KILL` takes).
+    ConnectionId(i64),
+    /// Local backend: the holding process's id, on this host.
+    ClientPid(i64),
+    /// Local backend: a holder whose process could not be told (a shared
+    /// holder when `/proc/locks` cannot be read).
+    Unknown,
+}
+
+impl HolderId {
+    /// The label of the number: `backend_pid`, `connection_id`,
+    /// `client_pid` (also for [`HolderId::Unknown`], whose value is none).
+    pub fn label(self) -> &'static str {
+        match self {
+            HolderId::BackendPid(_) => "backend_pid",
+            HolderId::ConnectionId(_) => "connection_id",
+            HolderId::ClientPid(_) | HolderId::Unknown => "client_pid",
+        }
+    }
+
+    /// The number, where known.
+    pub fn value(self) -> Option<i64> {
+        match self {
+            HolderId::BackendPid(n) | HolderId::ConnectionId(n) | HolderId::ClientPid(n) => Some(n),
+            HolderId::Unknown => None,
+        }
+    }
 }
 
 /// One lock in [`Locker::list`](crate::Locker::list).

@@ -804,6 +804,18 @@ async fn slots_admit_at_most_n_holders(b: Backend) {
         lockers[0].acquire_slot(name.as_str(), 0, &once).await,
         Err(Error::Config(_))
     ));
+
+    // Two holders count 3: a holder that counts 5 is refused (with three it
+    // would make 4 at once), and leaves nothing held.
+    got.release().await.unwrap();
+    let counts = lockers[0].slot_holders(name.as_str()).await.unwrap();
+    assert_eq!(counts.holders, 2, "{counts:?}");
+    let five = lockers[3].acquire_slot(name.as_str(), 5, &once).await;
+    assert!(matches!(five, Err(Error::Config(_))), "{five:?}");
+    let five = lockers[3].acquire_slot(name.as_str(), 5, &once).await;
+    assert!(matches!(five, Err(Error::Config(_))), "{five:?}");
+    let three = lockers[3].acquire_slot(name.as_str(), 3, &once).await.unwrap();
+    assert!(three.is_some(), "the refused holder left nothing held");
 }
 
 for_each_backend! {

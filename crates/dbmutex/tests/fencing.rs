@@ -422,7 +422,7 @@ async fn postgres_least_privilege_needs_init_and_the_documented_grants() {
     let name = unique("fence-priv");
     let err = app.acquire(name.as_str(), &fenced()).await.unwrap_err();
     assert!(
-        matches!(&err, Error::Config(m) if m.contains("cannot create") && m.contains("dbmutex init")),
+        matches!(&err, Error::Config(m) if m.contains("cannot create") && m.contains("dbmutex init --database-url URL")),
         "{err:?}"
     );
     let admin = Backend::Postgres.connect(Locker::builder(&pg.url())).await;

@@ -86,6 +86,12 @@
 //! | PostgreSQL | `k1 = crc32(utf8(t)) & 0x7fffffff`, `k2 = -1 - (prefix & 0x7fffffff)`: negative, where every string and integer name's `k2` is not |
 //! | MySQL / MariaDB | always the mapped form: the first 47 characters of `prefix + s`, `#`, 16 hex digits of SHA-256(`prefix + t`) (the servers end a lock string at a NUL, so none is sent) |
 //! | local | `<head>-<hash>.lock`, the hash over `prefix + t` |
+//!
+//! Indices from [`SLOT_MARKERS`](crate::SLOT_MARKERS) (2^20) up are not
+//! slots but the markers by which holders say how many slots they count
+//! (see [`Locker::acquire_slot`](crate::Locker::acquire_slot), "Counts");
+//! `list` shows them as it shows slots (`NAME [slot N]` on the local
+//! backend, by key only on PostgreSQL and MySQL/MariaDB).
 
 mod local;
 mod mysql;

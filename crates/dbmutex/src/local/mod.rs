@@ -89,7 +89,7 @@ use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn
 use crate::core::guard::{BoxFut, Grant};
 use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
-use crate::types::{Holder, ListedLock};
+use crate::types::{Holder, HolderId, ListedLock};
 use crate::{BackendKind, LockName, LockOptions, Mode, Result};
 use file::{blocking, io_error, LockFile};
 use grant::FileGrant;
@@ -315,6 +315,11 @@ fn holders_at(path: &Path, mode: Mode) -> Vec<Holder> {
     let holder = |pid: i64, mode: Mode| {
         let noted = mode == Mode::Exclusive && note.pid == Some(pid);
         Holder {
+            id: if pid > 0 {
+                HolderId::ClientPid(pid)
+            } else {
+                HolderId::Unknown
+            },
             pid,
             mode,
             application: note.application.clone().filter(|_| noted),

@@ -8,7 +8,7 @@ use super::errors::run_err;
 use super::registry::Shared;
 use crate::key::{mysql_as_listed, mysql_maybe_cut, mysql_name_of};
 use crate::settings::Settings;
-use crate::types::{Holder, ListedLock};
+use crate::types::{Holder, HolderId, ListedLock};
 use crate::{Error, LockName, Mode, Result};
 
 /// The holder's connection id, user, host, and when its current state began
@@ -48,8 +48,10 @@ type ListRow = (
 
 fn holder(row: Row) -> Option<Holder> {
     let (id, user, host, since) = row;
+    let id = id?;
     Some(Holder {
-        pid: id?,
+        id: HolderId::ConnectionId(id),
+        pid: id,
         mode: Mode::Exclusive,
         application: None,
         user,

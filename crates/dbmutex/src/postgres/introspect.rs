@@ -6,7 +6,7 @@ use tokio_postgres::types::Type;
 use super::conn::PgConn;
 use super::errors::db_err;
 use crate::key::{name_from_comments, PgKey, Prefix};
-use crate::types::{Holder, ListedLock};
+use crate::types::{Holder, HolderId, ListedLock};
 use crate::{LockName, Mode, Result};
 
 /// The holders of `key` (the key of `name`).
@@ -65,6 +65,7 @@ fn listed(r: &tokio_postgres::Row, prefix: &Prefix) -> ListedLock {
         name: query.as_deref().and_then(|q| name_from_comments(q, &key, prefix)),
         key: key.to_string(),
         holder: Holder {
+            id: HolderId::BackendPid(i64::from(r.get::<_, i32>(4))),
             pid: i64::from(r.get::<_, i32>(4)),
             mode: if mode == "ShareLock" {
                 Mode::Shared
