@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use clap_complete::Shell;
 
-use crate::plan::duration::{parse_duration, parse_once_per};
+use crate::plan::duration::{parse_duration, parse_lock_delay, parse_once_per};
 
 /// The exit statuses of `dbmutex run`, in `dbmutex --help` and `run --help`.
 macro_rules! run_exit_table {
@@ -162,11 +162,12 @@ another host has it): dbmutex run -n -E 0 --require-database --once-per 1h NAME 
     List(ListArgs),
     /// Print the database keys NAME maps to on each backend (MySQL and MariaDB differ for names of 65 to 192 bytes).
     Key(KeyArgs),
-    /// Create the tables of fencing tokens (run --fence) and once-per-window runs (run --once-per) and print the grants an application role then needs.
+    /// Create the tables of fencing tokens (run --fence), once-per-window runs (run --once-per) and lock-delay records (run --lock-delay) and print the grants an application role then needs.
     #[command(after_help = "For deployments whose application role may not create tables \
                             (PostgreSQL 15 lets no ordinary role create in schema public): run once as \
-                            a role that may. PostgreSQL creates dbmutex_fence and dbmutex_runs in the current schema (the \
-                            first existing one of the search_path), MySQL/MariaDB in the URL's database. Roles that may create them \
+                            a role that may. PostgreSQL creates dbmutex_fence and dbmutex_delay in schema public and \
+                            dbmutex_runs in the current schema (the first existing one of the search_path), \
+                            MySQL/MariaDB all three in the URL's database. Roles that may create them \
                             need no init: each table is created on first use. The local backend has \
                             nothing to create.")]
     Init,
@@ -283,6 +284,14 @@ pub struct RunArgs {
     /// and count the window from this run
     #[arg(long, requires = "once_per")]
     pub reset_window: bool,
+
+    /// Lock-delay: when a holder of NAME is lost uncleanly (killed, frozen,
+    /// cut off), nobody gets the lock for DURATION after its last sign of
+    /// life, by the server's clock, so its in-flight work drains first; a
+    /// clean end opens it at once. Every holder of NAME should give the same
+    /// DURATION (exclusive locks only; not 0)
+    #[arg(long, value_name = "DURATION", value_parser = parse_lock_delay, conflicts_with_all = ["shared", "transaction"])]
+    pub lock_delay: Option<Duration>,
 
     /// Stop the command (as when the lock is lost) and exit 124 if it still
     /// holds the lock after DURATION, so a hung job cannot hold it for ever

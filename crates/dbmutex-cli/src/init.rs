@@ -14,23 +14,25 @@ pub async fn init(global: &Global) -> Result<u8, Failure> {
     let locker = target.connect().await?;
     locker.create_tables().await?;
     let grant = match target.kind {
-        BackendKind::Postgres => "GRANT SELECT, INSERT, UPDATE ON dbmutex_fence, dbmutex_runs TO <role>;",
+        BackendKind::Postgres => "GRANT SELECT, INSERT, UPDATE ON public.dbmutex_fence, dbmutex_runs, public.dbmutex_delay TO <role>;",
         BackendKind::Mysql => {
             "GRANT SELECT, INSERT, UPDATE ON <database>.dbmutex_fence TO '<user>'@'<host>';\n  \
-             GRANT SELECT, INSERT, UPDATE ON <database>.dbmutex_runs TO '<user>'@'<host>';"
+             GRANT SELECT, INSERT, UPDATE ON <database>.dbmutex_runs TO '<user>'@'<host>';\n  \
+             GRANT SELECT, INSERT, UPDATE ON <database>.dbmutex_delay TO '<user>'@'<host>';"
         }
         _ => {
             print(&format!(
                 "{}: nothing to create; fencing tokens and run records live beside the lock files \
-                 (<lock file>.fence, <lock file>.run)\n",
+                 (<lock file>.fence, <lock file>.run, <lock file>.delay)\n",
                 target.describe()
             ))?;
             return Ok(0);
         }
     };
     print(&format!(
-        "dbmutex_fence and dbmutex_runs are ready on {}.\nA role that takes fenced locks \
-         (dbmutex run --fence) or runs once per window (--once-per) needs only:\n  {grant}\n",
+        "dbmutex_fence, dbmutex_runs and dbmutex_delay are ready on {}.\nA role that takes fenced \
+         locks (dbmutex run --fence), runs once per window (--once-per) or with a lock-delay \
+         (--lock-delay) needs only:\n  {grant}\n",
         target.describe()
     ))?;
     Ok(0)

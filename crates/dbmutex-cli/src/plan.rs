@@ -87,6 +87,9 @@ impl Plan {
         if let Some(d) = args.max_hold {
             opts = opts.max_hold(d);
         }
+        if let Some(d) = args.lock_delay {
+            opts = opts.lock_delay(d);
+        }
         let say = Say {
             quiet: global.quiet,
             verbose: global.verbose,

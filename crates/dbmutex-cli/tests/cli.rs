@@ -1771,6 +1771,62 @@ fn init_prepares_fencing(b: &Backend) {
         "[{}]",
         b.kind
     );
+    assert_eq!(
+        b.sql(&columns.replace("dbmutex_fence", "dbmutex_delay")),
+        "lock_key,closed_until",
+        "[{}]",
+        b.kind
+    );
+}
+
+/// `--lock-delay`: a clean end opens the lock at once; kill -9 of a holder
+/// keeps it closed for the delay after the holder's last renewal (2 s, a
+/// renewal every 0.5 s): a try meanwhile exits 75, a waiter gets in once
+/// it has passed.
+fn lock_delay_closes_after_a_kill_9(b: &Backend) {
+    let name = b.name("lockdelay");
+    let delay = ["--lock-delay", "2s"];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&delay);
+        args.extend_from_slice(&[&name, "--", "true"]);
+        b.run(&args)
+    };
+    let out = run(&[]);
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    let out = run(&["-n"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "[{}] a clean end left the lock closed: {}",
+        b.kind,
+        stderr(&out)
+    );
+
+    let (mut p, _got) = b.hold_until_term(&name, &delay, 0);
+    // A few renewals.
+    std::thread::sleep(Duration::from_millis(1200));
+    p.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    assert_eq!(code(&p.finish()), -libc::SIGKILL);
+    let out = run(&["-n"]);
+    assert_eq!(
+        code(&out),
+        75,
+        "[{}] a try got the lock during its delay: {}",
+        b.kind,
+        stderr(&out)
+    );
+    let out = run(&["-w", "10"]);
+    let closed = killed.elapsed();
+    assert_eq!(code(&out), 0, "[{}] {}", b.kind, stderr(&out));
+    eprintln!("[{}] closed {closed:?} after kill -9 (--lock-delay 2s)", b.kind);
+    assert!(
+        closed >= Duration::from_millis(1400) && closed <= Duration::from_millis(4500),
+        "[{}] closed {closed:?} after kill -9, not 2 s (less a renewal, plus the machine's slack)",
+        b.kind
+    );
 }
 
 /// A user that may not create the fencing table (a database of its own
@@ -2788,6 +2844,7 @@ backend_tests! {
         conflict_exit_0_is_silent,
         fence_is_exported,
         init_prepares_fencing,
+        lock_delay_closes_after_a_kill_9,
         max_hold_stops_the_command_exit_124,
         slots_cap_concurrent_runs,
         slots_refuse_another_count,

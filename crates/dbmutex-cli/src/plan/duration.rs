@@ -55,8 +55,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// A `--once-per` window: [`parse_duration`], but not 0, which would mean
 /// "no limit" and is surely a mistake.
 pub fn parse_once_per(s: &str) -> Result<Duration, String> {
+    non_zero(
+        s,
+        "a window of 0 limits nothing: leave --once-per out to run every time",
+    )
+}
+
+/// `--lock-delay`: a duration, not 0 (which would delay nothing).
+pub fn parse_lock_delay(s: &str) -> Result<Duration, String> {
+    non_zero(s, "a lock-delay of 0 delays nothing: leave --lock-delay out")
+}
+
+/// A duration, with `zero` as the error for 0.
+fn non_zero(s: &str, zero: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
-        Duration::ZERO => Err("a window of 0 limits nothing: leave --once-per out to run every time".into()),
+        Duration::ZERO => Err(zero.into()),
         d => Ok(d),
     }
 }
@@ -71,6 +84,8 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_once_per("0s").is_err());
+        assert!(parse_lock_delay("0ms").is_err());
+        assert_eq!(parse_lock_delay("15s"), Ok(Duration::from_secs(15)));
         assert_eq!(parse_duration("3600"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
