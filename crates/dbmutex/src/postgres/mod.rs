@@ -357,9 +357,14 @@ impl Backend for PgBackend {
             if !parked && tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 return Ok(None);
             }
-            if !parked && !lock.try_lock().await? {
-                return Ok(None);
-            }
+            let lock = match parked {
+                true => lock,
+                false => match lock.try_lock().await {
+                    (lock, Ok(true)) => lock,
+                    (_, Ok(false)) => return Ok(None),
+                    (_, Err(e)) => return Err(e),
+                },
+            };
             self.contended.note(*at.key, false);
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);

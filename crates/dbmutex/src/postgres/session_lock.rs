@@ -63,41 +63,50 @@ impl SessionLock {
     /// the statement is finished on the connection's runtime, which unlocks
     /// if it took the lock. Session locks are counted, so that unlock
     /// releases exactly this try's lock even if another task of ours has
-    /// taken the key since.
-    pub(crate) async fn try_lock(&self) -> Result<bool> {
-        let this = self.clone();
+    /// taken the key since. The lock goes with the statement and comes back
+    /// with its answer: no copy of it (and its name) per try.
+    pub(crate) async fn try_lock(self) -> (SessionLock, Result<bool>) {
         let call = InFlight {
+            runtime: self.conn.runtime.clone(),
             call: Some(Box::pin(async move {
-                this.conn
-                    .lock_call(Call::Try, this.mode, &this.key, &this.name, this.text)
-                    .await
+                let answer = self
+                    .conn
+                    .lock_call(Call::Try, self.mode, &self.key, &self.name, self.text)
+                    .await;
+                (self, answer)
             })),
-            lock: self.clone(),
             sent: false,
         };
-        match call.await {
-            Err(e) => Err(db_err(e, &self.name)),
+        let (lock, answer) = call.await;
+        let got = match answer {
+            Err(e) => Err(db_err(e, &lock.name)),
             Ok(None) => Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into())),
             Ok(Some(got)) => Ok(got),
-        }
+        };
+        (lock, got)
     }
 }
 
 type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 
-/// A try on its way: polled in place; dropped once sent (polled) and
-/// unanswered, it is finished in the background and its lock, if it got
-/// one, given back. Dropped before its first poll, nothing was sent.
+/// A try on its way, carrying its lock: polled in place; dropped once sent
+/// (polled) and unanswered, it is finished in the background and its
+/// lock, if it got one, given back. Dropped before its first poll, nothing
+/// was sent.
 struct InFlight {
-    call: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>>,
-    lock: SessionLock,
+    /// The connection's runtime, where an abandoned call is finished.
+    runtime: tokio::runtime::Handle,
+    call: Option<std::pin::Pin<Box<dyn std::future::Future<Output = (SessionLock, Answer)> + Send>>>,
     sent: bool,
 }
 
 impl std::future::Future for InFlight {
-    type Output = Answer;
+    type Output = (SessionLock, Answer);
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Answer> {
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<(SessionLock, Answer)> {
         let Some(call) = self.call.as_mut() else {
             return std::task::Poll::Pending;
         };
@@ -112,9 +121,8 @@ impl std::future::Future for InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(call) = self.call.take().filter(|_| self.sent) {
-            let lock = self.lock.clone();
-            drop(self.lock.conn.runtime.spawn(async move {
-                if let Ok(Some(true)) = call.await {
+            drop(self.runtime.spawn(async move {
+                if let (lock, Ok(Some(true))) = call.await {
                     let _ = lock.unlock().await;
                 }
             }));

@@ -74,7 +74,8 @@ impl Upgrade for PgUpgrade {
     fn try_exclusive(&self) -> BoxFuture<Result<bool>> {
         let lock = self.lock.clone();
         Box::pin(async move {
-            if lock.try_lock().await? {
+            let (lock, got) = lock.try_lock().await;
+            if got? {
                 return Ok(true);
             }
             match super::introspect::only_waited_for(&lock.conn, &lock.key).await {
@@ -110,7 +111,8 @@ impl Upgrade for PgUpgrade {
             ..self.lock.clone()
         };
         Box::pin(async move {
-            if !intent.try_lock().await? {
+            let (intent, got) = intent.try_lock().await;
+            if !got? {
                 return Ok(None);
             }
             Ok(Some(
