@@ -13,21 +13,24 @@ pub enum BackendKind {
     Mysql,
     /// Lock files on this host, plus in-process arbitration.
     Local,
+    /// etcd leases and revisions (feature `etcd`).
+    Etcd,
 }
 
 impl BackendKind {
-    /// `"postgres"`, `"mysql"` or `"local"`.
+    /// `"postgres"`, `"mysql"`, `"local"` or `"etcd"`.
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Postgres => "postgres",
             BackendKind::Mysql => "mysql",
             BackendKind::Local => "local",
+            BackendKind::Etcd => "etcd",
         }
     }
 
     /// The backend a URL's scheme names, whatever its case:
     /// `postgres://` and `postgresql://`, `mysql://` and `mariadb://`,
-    /// `file://` (the local backend). `None` for anything else. The one
+    /// `file://` (the local backend), `etcd://`. `None` for anything else. The one
     /// table of schemes: [`Locker::connect`](crate::Locker::connect) and the
     /// `dbmutex` command line both read it.
     ///
@@ -48,6 +51,7 @@ impl BackendKind {
             "postgres" | "postgresql" => Some(BackendKind::Postgres),
             "mysql" | "mariadb" => Some(BackendKind::Mysql),
             "file" => Some(BackendKind::Local),
+            "etcd" => Some(BackendKind::Etcd),
             _ => None,
         }
     }
@@ -79,6 +83,15 @@ impl BackendKind {
                 transaction: false,
                 server_wait: false,
                 can_lose: false,
+                session_locks: true,
+                fencing: true,
+                upgrade: false,
+            },
+            BackendKind::Etcd => Capabilities {
+                shared: false,
+                transaction: false,
+                server_wait: true,
+                can_lose: true,
                 session_locks: true,
                 fencing: true,
                 upgrade: false,

@@ -9,6 +9,8 @@ pub mod hostile;
 pub mod pgbouncer;
 pub mod pgpool;
 pub mod private;
+#[cfg(feature = "etcd")]
+pub mod private_etcd;
 pub mod private_mariadb;
 pub mod private_pg;
 #[allow(unused_imports)]
