@@ -8,6 +8,7 @@ use etcd_client::Client;
 
 use super::client;
 use super::session::Session;
+use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::loss::LossToken;
@@ -31,6 +32,10 @@ pub(super) struct Held {
     pub(super) runtime: tokio::runtime::Handle,
     /// Kept so the lease outlives the key.
     pub(super) session: Arc<Session>,
+    /// The in-process hold: given back once the key is deleted, so the
+    /// next request of this locker for the name waits for that delete
+    /// instead of queueing behind its own old key.
+    pub(super) hold: Option<Hold<String>>,
 }
 
 impl EtcdGrant {
@@ -45,8 +50,12 @@ impl EtcdGrant {
 
 /// Deletes the key in the background (a dropped guard, a cancelled
 /// release): on the runtime the lock was taken on, so none is needed here.
-/// With that runtime gone, the key stays until its lease expires.
-fn spawn_delete(held: Held) {
+/// With that runtime gone, the session revokes its lease when its last
+/// user goes (see `session`).
+pub(super) fn spawn_delete(mut held: Held) {
+    if let Some(h) = held.hold.as_mut() {
+        h.releasing();
+    }
     let runtime = held.runtime.clone();
     drop(runtime.spawn(delete_until_done(held)));
 }
@@ -73,7 +82,10 @@ impl Grant for EtcdGrant {
     /// Deletes the key; if etcd does not confirm it, the delete goes on in
     /// the background until it succeeds or the lease ends.
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        let held = self.release.take().expect("held until released");
+        let mut held = self.release.take().expect("held until released");
+        if let Some(h) = held.hold.as_mut() {
+            h.releasing();
+        }
         Box::pin(async move {
             // Cancelled midway, the delete goes on in the background.
             let mut again = Undo::with(held, spawn_delete);

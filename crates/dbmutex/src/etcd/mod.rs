@@ -17,10 +17,14 @@
 //!   and a release wakes exactly the next waiter. A try-once puts its key
 //!   and, if another is below it, deletes it again. A timed-out wait
 //!   deletes its key.
+//! - **In-process first.** Tasks of one locker take the in-process hold
+//!   before they put a key, and a grant gives it back only once its key is
+//!   deleted: a locker never queues behind its own unlock in flight.
 //! - **Release** deletes the key; a dropped guard deletes it in the
-//!   background (on the runtime it was taken on; with that runtime gone, the
-//!   lease expires and takes the key). A delete etcd does not confirm is
-//!   retried every second until it is, or the lease ends.
+//!   background (on the runtime it was taken on). A delete etcd does not
+//!   confirm is retried every second until it is, or the lease ends. With
+//!   that runtime gone, the session revokes its lease from a thread of its
+//!   own when its last guard goes (else the lease expires within its TTL).
 //! - **Loss.** The session is over — and every lock on it reported lost
 //!   ([`LockGuard::lost`](crate::LockGuard::lost)) — when etcd answers a
 //!   keep-alive with "no such lease" (revoked, or expired), within one
@@ -61,6 +65,8 @@ use session::{Session, Timing};
 
 pub(crate) struct EtcdBackend {
     client: Client,
+    /// The members' URLs (a revoke without the runtime connects anew).
+    endpoints: Vec<String>,
     root: String,
     prefix: crate::Prefix,
     timing: Timing,
@@ -84,7 +90,7 @@ impl EtcdBackend {
             );
         // The client connects lazily: one status call proves a member answers.
         let connect = async {
-            let client = Client::connect(endpoints, Some(opts)).await?;
+            let client = Client::connect(&endpoints, Some(opts)).await?;
             client.maintenance_client().status().await?;
             Ok::<_, etcd_client::Error>(client)
         };
@@ -94,6 +100,7 @@ impl EtcdBackend {
             .map_err(etcd_err)?;
         Ok(EtcdBackend {
             client,
+            endpoints,
             root: url.root.clone(),
             prefix: settings.prefix.clone(),
             timing: Timing::new(settings.dead_peer_timeout, settings.keepalive),
@@ -109,7 +116,7 @@ impl EtcdBackend {
         match slot.as_ref() {
             Some(s) if !s.is_over() => Ok(s.clone()),
             _ => {
-                let s = Arc::new(Session::start(&self.client, self.timing).await?);
+                let s = Arc::new(Session::start(&self.client, self.timing, self.endpoints.clone()).await?);
                 *slot = Some(s.clone());
                 Ok(s)
             }
@@ -130,7 +137,7 @@ impl Backend for EtcdBackend {
     fn refusal(&self, missing: Missing) -> Option<String> {
         let why = match missing {
             Missing::Fencing | Missing::SessionLocks => return None,
-            Missing::Shared => "shared locks are not available on the etcd backend (one key queue per name holds one holder at a time)",
+            Missing::Shared => "shared locks are not available on the etcd backend (one key queue per name admits one holder at a time); use PostgreSQL or the local backend for shared locks",
             Missing::Transaction => "transaction-level locks need PostgreSQL; etcd has no transaction that outlives a request",
             Missing::Upgrade => "the etcd backend has no shared locks to upgrade",
         };
@@ -141,11 +148,12 @@ impl Backend for EtcdBackend {
         etcd_lock_prefix(name, &self.prefix, &self.root)
     }
 
-    /// Every acquisition waits in etcd, in its own key: tasks of one
-    /// process queue there too, in the same order as everyone else.
+    /// Every acquisition waits in etcd, in its own key, after the
+    /// in-process hold (kept until the key is deleted, so a locker never
+    /// queues behind its own unlock in flight).
     fn plan(&self, _opts: &LockOptions) -> Plan {
         Plan {
-            hold: false,
+            hold: true,
             wait: WaitIn::Server,
         }
     }
@@ -166,7 +174,8 @@ impl Backend for EtcdBackend {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             let key = format!("{}{:x}-{n:x}", at.key, session.lease);
             let note = introspect::note(&self.application);
-            match queue::enqueue(&self.client, session, at.key, key, note, at.deadline).await? {
+            let hold = at.hold.take();
+            match queue::enqueue(&self.client, session, at.key, key, note, at.deadline, hold).await? {
                 queue::Queued::Head(g) => Ok(Waited::Granted(g)),
                 queue::Queued::TimedOut => Ok(Waited::TimedOut),
             }

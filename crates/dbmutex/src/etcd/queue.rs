@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::client::{self, session_over};
 use super::grant::{delete_until_done, EtcdGrant, Held};
 use super::session::{over, Session};
+use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
 use crate::Result;
 
@@ -47,6 +48,7 @@ pub(super) async fn enqueue(
     key: String,
     note: String,
     deadline: Option<Instant>,
+    hold: Option<Hold<String>>,
 ) -> Result<Queued> {
     let (put_done, done) = watch::channel(false);
     let runtime = tokio::runtime::Handle::current();
@@ -57,10 +59,14 @@ pub(super) async fn enqueue(
                 key: key.clone(),
                 runtime: runtime.clone(),
                 session: session.clone(),
+                hold,
             },
             done,
         ),
-        |(held, mut done)| {
+        |(mut held, mut done)| {
+            if let Some(h) = held.hold.as_mut() {
+                h.releasing();
+            }
             let runtime = held.runtime.clone();
             drop(runtime.spawn(async move {
                 over(&mut done).await;

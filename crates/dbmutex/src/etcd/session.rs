@@ -57,7 +57,9 @@ impl Timing {
 
 impl Session {
     /// Grants a lease and starts keeping it alive.
-    pub(super) async fn start(client: &Client, timing: Timing) -> Result<Session> {
+    /// `endpoints` are the members' URLs, for a revoke after the runtime
+    /// is gone.
+    pub(super) async fn start(client: &Client, timing: Timing, endpoints: Vec<String>) -> Result<Session> {
         let mut lc = client.lease_client();
         let granted = lc
             .grant(timing.ttl.as_secs() as i64, None)
@@ -68,14 +70,23 @@ impl Session {
         let task = tokio::spawn(keep_alive(client.clone(), lease, timing, tx));
         let revoke_client = client.clone();
         let runtime = tokio::runtime::Handle::current();
+        let alive = ended.clone();
         let end = Undo::new(move || {
+            // The keep-alive task gone with the session still on: its
+            // runtime has shut down (and the client's connections with it).
+            let runtime_gone = alive.has_changed().is_err() && !*alive.borrow();
             task.abort();
-            // Frees the session's keys at once instead of after the TTL;
-            // with the runtime gone, the lease just expires.
-            let mut lc = revoke_client.lease_client();
-            drop(runtime.spawn(async move {
-                let _ = lc.revoke(lease).await;
-            }));
+            // Frees the session's keys at once instead of after the TTL.
+            if runtime_gone {
+                drop(std::thread::spawn(move || {
+                    revoke_without_runtime(endpoints, lease)
+                }));
+            } else {
+                let mut lc = revoke_client.lease_client();
+                drop(runtime.spawn(async move {
+                    let _ = lc.revoke(lease).await;
+                }));
+            }
         });
         tracing::debug!(
             lease = format_args!("{lease:x}"),
@@ -98,6 +109,22 @@ impl Session {
     pub(super) fn ended(&self) -> watch::Receiver<bool> {
         self.ended.clone()
     }
+}
+
+/// Revokes `lease` from a thread of its own, with a runtime and a client
+/// of its own: for a session whose runtime has shut down. Bounded by 5 s;
+/// if it fails, the lease expires within its TTL.
+fn revoke_without_runtime(endpoints: Vec<String>, lease: i64) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        return;
+    };
+    rt.block_on(async {
+        let revoke = async {
+            let client = Client::connect(endpoints, None).await?;
+            client.lease_client().revoke(lease).await
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), revoke).await;
+    });
 }
 
 /// Completes when the session is over (or its keep-alive task is gone).
