@@ -260,6 +260,40 @@ async fn a_lost_quorum_is_reported_before_the_lease_can_expire() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_quorum_loss_is_reported_before_the_lease_can_expire() {
+    let etcd = PrivateEtcd::start();
+    let builder = || Locker::builder(&etcd.url()).dead_peer_timeout(Duration::from_secs(4));
+    let a = connect(builder(), &etcd).await;
+    let name = unique("frozen");
+    let g = a.lock(name.as_str()).await.unwrap();
+    // Two members frozen (SIGSTOP): their connections stay open and
+    // answer nothing, as behind a partition that drops packets.
+    let leader = etcd.leader();
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    etcd.freeze(others[0], true);
+    etcd.freeze(others[1], true);
+    let cut = Instant::now();
+    let told = tokio::time::timeout(Duration::from_secs(8), g.lost()).await;
+    let after = cut.elapsed();
+    etcd.freeze(others[0], false);
+    etcd.freeze(others[1], false);
+    told.expect("a holder cut off from the quorum must be told");
+    eprintln!("etcd: quorum frozen, holder told after {after:?} (lease TTL 4 s)");
+    assert!(after < Duration::from_secs(3), "{after:?}");
+    drop(g);
+    let b = connect(builder(), &etcd).await;
+    let g = b
+        .acquire(
+            name.as_str(),
+            &LockOptions::new().timeout(Duration::from_secs(15)),
+        )
+        .await
+        .unwrap()
+        .expect("the lock comes free once the members answer again");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_kill_under_load_keeps_exclusion_and_token_order() {
     let etcd = PrivateEtcd::start();
     let name = unique("leader");

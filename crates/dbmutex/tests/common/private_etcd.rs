@@ -278,6 +278,21 @@ impl PrivateEtcd {
         }
     }
 
+    /// Stops member `i` with SIGSTOP (or resumes it with SIGCONT): a member
+    /// that holds its connections open and answers nothing, as behind a
+    /// silent partition.
+    pub fn freeze(&self, i: usize, frozen: bool) {
+        let members = self.members.lock().unwrap();
+        let pid = members[i].as_ref().expect("a live member").id();
+        let sig = if frozen { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Starts member `i` again on its data, and waits until the cluster is healthy.
     pub fn restart(&self, i: usize) {
         self.kill(i);
