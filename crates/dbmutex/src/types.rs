@@ -136,7 +136,8 @@ pub struct Capabilities {
 #[non_exhaustive]
 pub struct Holder {
     /// Backend process id (PostgreSQL) or connection id (MySQL) or OS
-    /// process id (local backend, when known).
+    /// process id (local backend, when known; etcd, from the key's note,
+    /// else the key's lease id).
     pub pid: i64,
     /// Exclusive or shared.
     pub mode: Mode,
@@ -151,7 +152,8 @@ pub struct Holder {
     /// holder's transaction start, else its connection start; on MariaDB
     /// the lock's age where the server tells it (`metadata_lock_info`),
     /// else the start of the holder connection's current command (whole
-    /// seconds); on the local backend the holder's note, when it wrote one.
+    /// seconds); on the local backend the holder's note, when it wrote one;
+    /// on etcd the note in the holder's key (when dbmutex put it).
     pub since: Option<String>,
 }
 
@@ -169,7 +171,7 @@ pub struct ListedLock {
     /// excludes as any other.
     pub name: Option<String>,
     /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
-    /// the lock file name (local).
+    /// the lock file name (local), the queue's key prefix (etcd).
     pub key: String,
     /// Who holds it.
     pub holder: Holder,
