@@ -4,8 +4,10 @@
 # Makes sure PostgreSQL (127.0.0.1:5432, database `test`) and MariaDB
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
 # from Debian's packages when absent, and that pgbouncer, pgpool2, openssl,
-# flock(1) and faketime are installed (the pooler tests start their own
-# pgbouncer or pgpool; the cron test plays hosts with skewed clocks). Then
+# flock(1), faketime, etcd (etcd-server, etcd-client) and protoc
+# (protobuf-compiler, which the `etcd` feature's build needs) are installed
+# (the pooler tests start their own pgbouncer or pgpool, the etcd tests a
+# private 3-member cluster; the cron test plays hosts with skewed clocks). Then
 # runs `cargo test --workspace --all-features --no-fail-fast` (every optional
 # integration, such as sqlx, is tested too), so one failure never hides
 # the others, and ends with a one-line summary (passed, failed, ignored,
@@ -102,6 +104,9 @@ ensure_tools() {
   command -v openssl >/dev/null || { say "installing openssl"; apt_install openssl; }
   [ -x /usr/bin/flock ] || { say "installing util-linux (flock)"; apt_install util-linux; }
   command -v faketime >/dev/null || { say "installing faketime"; apt_install faketime; }
+  command -v etcd >/dev/null || { say "installing etcd-server"; apt_install etcd-server; }
+  command -v etcdctl >/dev/null || { say "installing etcd-client"; apt_install etcd-client; }
+  command -v protoc >/dev/null || { say "installing protobuf-compiler"; apt_install protobuf-compiler; }
 }
 
 if [ "${DBMUTEX_SKIP_SERVICES:-}" != 1 ]; then

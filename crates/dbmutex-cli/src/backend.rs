@@ -142,7 +142,7 @@ const REQUIRE_ENV: &str = "DBMUTEX_REQUIRE_DATABASE";
 pub fn kind_of(url: &str) -> Result<BackendKind, Failure> {
     BackendKind::from_url(url).ok_or_else(|| {
         Failure::usage(format!(
-            "{}: not a database URL (use postgres://, postgresql://, mysql:// or mariadb://)",
+            "{}: not a database URL (use postgres://, postgresql://, mysql://, mariadb:// or etcd://)",
             redact_url(url)
         ))
     })
@@ -159,6 +159,7 @@ mod tests {
         assert_eq!(kind_of("mysql://h/db").unwrap(), BackendKind::Mysql);
         assert_eq!(kind_of("mariadb://h/db").unwrap(), BackendKind::Mysql);
         assert_eq!(kind_of("file:///tmp/locks").unwrap(), BackendKind::Local);
+        assert_eq!(kind_of("etcd://h:2379,h2/root").unwrap(), BackendKind::Etcd);
         let bad = kind_of("redis://u:secret@h").unwrap_err();
         assert_eq!(bad.code, crate::exit::USAGE);
         assert!(!bad.message.contains("secret"), "{}", bad.message);

@@ -144,10 +144,11 @@ fn program(args: &RunArgs) -> Result<Program, Failure> {
 fn check_supported(kind: BackendKind, mode: Mode, transaction: bool) -> Result<(), Failure> {
     let can = kind.capabilities();
     if mode == Mode::Shared && !can.shared {
-        return Err(Failure::usage(
-            "MySQL/MariaDB locks (GET_LOCK) are exclusive only: drop -s/--shared, \
+        return Err(Failure::usage(format!(
+            "the {} backend's locks are exclusive only: drop -s/--shared, \
              or use PostgreSQL or the local backend",
-        ));
+            kind.as_str()
+        )));
     }
     if transaction && !can.transaction {
         return Err(Failure::usage(format!(

@@ -314,6 +314,12 @@ impl LockerBuilder {
                         let b = crate::mysql::MyBackend::connect(url, &settings).await?;
                         Arc::new(Pipeline::new(b, settings, id))
                     }
+                    #[cfg(feature = "etcd")]
+                    Some(BackendKind::Etcd) => {
+                        let parsed = crate::redact::parse_etcd(url.split_once("://").map_or("", |(_, r)| r))?;
+                        let b = crate::etcd::EtcdBackend::connect(&parsed, &settings).await?;
+                        Arc::new(Pipeline::new(b, settings, id))
+                    }
                     Some(BackendKind::Local) => local(
                         Some(PathBuf::from(crate::redact::file_url_path(url)?)),
                         settings,
@@ -330,10 +336,10 @@ impl LockerBuilder {
                     None => {
                         return Err(Error::Config(match crate::types::split_scheme(url) {
                             Some((s, _)) => format!(
-                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb:// or file://"
+                            "unsupported URL scheme {s:?}: use postgres://, mysql://, mariadb://, file:// or etcd://"
                         ),
                             None => format!(
-                                "not a URL: {} (expected postgres://, mysql://, mariadb:// or file://)",
+                                "not a URL: {} (expected postgres://, mysql://, mariadb://, file:// or etcd://)",
                                 crate::redact::redact_url(url)
                             ),
                         }))

@@ -87,6 +87,8 @@ mod builder;
 mod core;
 pub mod delay;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 pub mod fence;
 pub mod key;
 mod local;

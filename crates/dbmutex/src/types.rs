@@ -13,21 +13,24 @@ pub enum BackendKind {
     Mysql,
     /// Lock files on this host, plus in-process arbitration.
     Local,
+    /// etcd leases and revisions (feature `etcd`).
+    Etcd,
 }
 
 impl BackendKind {
-    /// `"postgres"`, `"mysql"` or `"local"`.
+    /// `"postgres"`, `"mysql"`, `"local"` or `"etcd"`.
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Postgres => "postgres",
             BackendKind::Mysql => "mysql",
             BackendKind::Local => "local",
+            BackendKind::Etcd => "etcd",
         }
     }
 
     /// The backend a URL's scheme names, whatever its case:
     /// `postgres://` and `postgresql://`, `mysql://` and `mariadb://`,
-    /// `file://` (the local backend). `None` for anything else. The one
+    /// `file://` (the local backend), `etcd://`. `None` for anything else. The one
     /// table of schemes: [`Locker::connect`](crate::Locker::connect) and the
     /// `dbmutex` command line both read it.
     ///
@@ -48,6 +51,7 @@ impl BackendKind {
             "postgres" | "postgresql" => Some(BackendKind::Postgres),
             "mysql" | "mariadb" => Some(BackendKind::Mysql),
             "file" => Some(BackendKind::Local),
+            "etcd" => Some(BackendKind::Etcd),
             _ => None,
         }
     }
@@ -79,6 +83,15 @@ impl BackendKind {
                 transaction: false,
                 server_wait: false,
                 can_lose: false,
+                session_locks: true,
+                fencing: true,
+                upgrade: false,
+            },
+            BackendKind::Etcd => Capabilities {
+                shared: false,
+                transaction: false,
+                server_wait: true,
+                can_lose: true,
                 session_locks: true,
                 fencing: true,
                 upgrade: false,
@@ -126,7 +139,8 @@ pub struct Holder {
     pub id: HolderId,
     /// The number in [`Holder::id`] (0 where unknown): PostgreSQL's
     /// backend process id, MySQL's connection id or, on the local backend,
-    /// the holding process's id. Prefer `id`, which says which.
+    /// the holding process's id, on etcd the holding process's id from the
+    /// key's note, else the key's lease id. Prefer `id`, which says which.
     pub pid: i64,
     /// Exclusive or shared.
     pub mode: Mode,
@@ -141,7 +155,8 @@ pub struct Holder {
     /// holder's transaction start, else its connection start; on MariaDB
     /// the lock's age where the server tells it (`metadata_lock_info`),
     /// else the start of the holder connection's current command (whole
-    /// seconds); on the local backend the holder's note, when it wrote one.
+    /// seconds); on the local backend the holder's note, when it wrote one;
+    /// on etcd the note in the holder's key (when dbmutex put it).
     pub since: Option<String>,
 }
 
@@ -156,8 +171,13 @@ pub enum HolderId {
     /// MySQL/MariaDB: the holding connection's id (`CONNECTION_ID()`,
     /// what `KILL` takes).
     ConnectionId(i64),
-    /// Local backend: the holding process's id, on this host.
+    /// Local backend: the holding process's id, on this host; etcd: the
+    /// holding process's id (on its host) from the key's note.
     ClientPid(i64),
+    /// etcd: the lease the holder's key is attached to (what `etcdctl lease
+    /// revoke` takes), for a key without dbmutex's note (`etcdctl lock`);
+    /// a dbmutex holder is its [`HolderId::ClientPid`].
+    LeaseId(i64),
     /// Local backend: a holder whose process could not be told (a shared
     /// holder when `/proc/locks` cannot be read).
     Unknown,
@@ -170,6 +190,7 @@ impl HolderId {
         match self {
             HolderId::BackendPid(_) => "backend_pid",
             HolderId::ConnectionId(_) => "connection_id",
+            HolderId::LeaseId(_) => "lease_id",
             HolderId::ClientPid(_) | HolderId::Unknown => "client_pid",
         }
     }
@@ -177,7 +198,10 @@ impl HolderId {
     /// The number, where known.
     pub fn value(self) -> Option<i64> {
         match self {
-            HolderId::BackendPid(n) | HolderId::ConnectionId(n) | HolderId::ClientPid(n) => Some(n),
+            HolderId::BackendPid(n)
+            | HolderId::ConnectionId(n)
+            | HolderId::ClientPid(n)
+            | HolderId::LeaseId(n) => Some(n),
             HolderId::Unknown => None,
         }
     }
@@ -197,7 +221,7 @@ pub struct ListedLock {
     /// excludes as any other.
     pub name: Option<String>,
     /// The database key: `k1 k2` or `k` (PostgreSQL), the lock string (MySQL),
-    /// the lock file name (local).
+    /// the lock file name (local), the queue's key prefix (etcd).
     pub key: String,
     /// Who holds it.
     pub holder: Holder,

@@ -853,4 +853,5 @@ for_each_backend! {
         unsupported_options_are_typed_errors,
     ],
     local: [unsupported_options_are_typed_errors],
+    etcd: [unsupported_options_are_typed_errors],
 }

@@ -74,6 +74,25 @@
 //! 32 characters of the name made file-safe and `hash` the first 32 hex digits
 //! of the SHA-256 of `prefix + name`.
 //!
+//! # etcd
+//!
+//! One lock is a queue of keys under one prefix (see [`etcd_lock_prefix`]):
+//! `root/escaped/`, where `root` is the URL's path (`etcd://h:2379/team/locks`
+//! → `team/locks`; [`ETCD_DEFAULT_ROOT`], `dbmutex`, when it has none) and
+//! `escaped` is `prefix + name` with `%`, `/` and control characters written
+//! as `%XX` (per UTF-8 byte), everything else unchanged. Integer names use
+//! their decimal form. Each acquisition puts `root/escaped/<lease>-<n>`
+//! (its session's lease id and a counter, in hex) with its lease; the key
+//! with the lowest create revision holds the lock, as in etcd's own
+//! `concurrency.Mutex` (so `etcdctl lock root/escaped` takes the same lock).
+//!
+//! | name | prefix | root | queue prefix |
+//! |---|---|---|---|
+//! | `job` | none | default | `dbmutex/job/` |
+//! | `a/b%c` | none | default | `dbmutex/a%2Fb%25c/` |
+//! | `42` (integer) | none | default | `dbmutex/42/` |
+//! | `x` | `app:` | `team/locks` | `team/locks/app:x/` |
+//!
 //! # Slots
 //!
 //! Slot `i` of a semaphore `s` ([`LockName::Slot`], taken by
@@ -86,6 +105,7 @@
 //! | PostgreSQL | `k1 = crc32(utf8(t)) & 0x7fffffff`, `k2 = -1 - (prefix & 0x7fffffff)`: negative, where every string and integer name's `k2` is not |
 //! | MySQL / MariaDB | always the mapped form: the first 47 characters of `prefix + s`, `#`, 16 hex digits of SHA-256(`prefix + t`) (the servers end a lock string at a NUL, so none is sent) |
 //! | local | `<head>-<hash>.lock`, the hash over `prefix + t` |
+//! | etcd | `root/` + `prefix + t` escaped (the NUL as `%00`) + `/`: `dbmutex/pool%00slot 3/` |
 //!
 //! Indices from [`SLOT_MARKERS`](crate::SLOT_MARKERS) (2^20) up are not
 //! slots but the markers by which holders say how many slots they count
@@ -93,11 +113,15 @@
 //! `list` shows them as it shows slots (`NAME [slot N]` on the local
 //! backend, by key only on PostgreSQL and MySQL/MariaDB).
 
+mod etcd;
 mod local;
 mod mysql;
 mod name;
 mod pg;
 
+#[cfg(feature = "etcd")]
+pub(crate) use etcd::etcd_name_of;
+pub use etcd::{etcd_lock_prefix, ETCD_DEFAULT_ROOT};
 pub use local::local_file_name;
 pub(crate) use local::local_name_from_note;
 #[cfg(feature = "mysql")]

@@ -89,6 +89,9 @@ impl SessionLock {
 
 type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 
+/// The try's statement, boxed: it owns the lock until it answers.
+type TryCall = std::pin::Pin<Box<dyn std::future::Future<Output = (SessionLock, Answer)> + Send>>;
+
 /// A try on its way, carrying its lock: polled in place; dropped once sent
 /// (polled) and unanswered, it is finished in the background and its
 /// lock, if it got one, given back. Dropped before its first poll, nothing
@@ -96,7 +99,7 @@ type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 struct InFlight {
     /// The connection's runtime, where an abandoned call is finished.
     runtime: tokio::runtime::Handle,
-    call: Option<std::pin::Pin<Box<dyn std::future::Future<Output = (SessionLock, Answer)> + Send>>>,
+    call: Option<TryCall>,
     sent: bool,
 }
 

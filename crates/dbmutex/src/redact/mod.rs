@@ -27,6 +27,7 @@
 
 mod check;
 mod describe;
+mod etcd;
 mod reasons;
 mod scheme;
 
@@ -43,6 +44,9 @@ pub(crate) use check::check;
 #[cfg(feature = "postgres")]
 pub(crate) use describe::describe_pg_config;
 use describe::{describe_key_value, describe_mysql_url, describe_pg_url};
+use etcd::describe_etcd_url;
+#[cfg(feature = "etcd")]
+pub(crate) use etcd::{parse_etcd, EtcdUrl};
 #[cfg(feature = "mysql")]
 pub(crate) use reasons::mysql_reason;
 #[cfg(feature = "postgres")]
@@ -50,7 +54,7 @@ pub(crate) use reasons::pg_reason;
 
 /// A description of the database a connection string names, for messages:
 /// `postgres://user@host:port/db`, `mysql://user@host:port/db`,
-/// `file:///lock/dir`, or for libpq `key=value` strings
+/// `file:///lock/dir`, `etcd://host:2379,host:2379/root`, or for libpq `key=value` strings
 /// `host=… port=… user=… dbname=…`. Built from the fields the driver's
 /// parser read, so it never contains a password or any query parameter,
 /// whatever characters (`/ ? # @ %`, quotes, spaces) the password holds. A
@@ -74,6 +78,10 @@ pub fn redact_url(url: &str) -> String {
             Some(BackendKind::Local) => match file_url_path(url) {
                 Ok(path) => format!("file://{}", utf8_percent_encode(&path, PATH)),
                 Err(_) => format!("file://{UNPARSEABLE}"),
+            },
+            Some(BackendKind::Etcd) => match describe_etcd_url(rest) {
+                Some(d) => format!("{scheme}://{d}"),
+                None => format!("{scheme}://{UNPARSEABLE}"),
             },
             None => format!("{scheme}://…"),
         },

@@ -9,6 +9,8 @@ pub mod hostile;
 pub mod pgbouncer;
 pub mod pgpool;
 pub mod private;
+#[cfg(feature = "etcd")]
+pub mod private_etcd;
 pub mod private_mariadb;
 pub mod private_pg;
 #[allow(unused_imports)]
@@ -41,6 +43,10 @@ pub enum Backend {
     Postgres,
     Mysql,
     Local,
+    /// The private 3-member cluster this test process shares
+    /// ([`private_etcd::PrivateEtcd::shared`]).
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 /// One lock directory per test process, shared by all lockers of a test so
@@ -62,6 +68,8 @@ impl Backend {
             Backend::Postgres => pg_url(),
             Backend::Mysql => mysql_url(),
             Backend::Local => format!("file://{}", local_dir().display()),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => private_etcd::PrivateEtcd::shared().url(),
         }
     }
 
@@ -93,6 +101,8 @@ impl Backend {
             Backend::Postgres => dbmutex::BackendKind::Postgres,
             Backend::Mysql => dbmutex::BackendKind::Mysql,
             Backend::Local => dbmutex::BackendKind::Local,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => dbmutex::BackendKind::Etcd,
         }
     }
 
@@ -133,6 +143,8 @@ impl Backend {
                 c.query_drop(format!("KILL {pid}")).await.unwrap();
             }
             Backend::Local => panic!("the local backend has no sessions to kill"),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => panic!("etcd sessions are leases: revoke one (etcdctl lease revoke)"),
         }
     }
 }
@@ -420,7 +432,8 @@ pub async fn silent_server() -> u16 {
 /// ```
 #[macro_export]
 macro_rules! for_each_backend {
-    (@one $module:ident $variant:ident [$($common:ident),*] [$($extra:ident),*]) => {
+    (@one $(#[$attr:meta])* $module:ident $variant:ident [$($common:ident),*] [$($extra:ident),*]) => {
+        $(#[$attr])*
         mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,5 +458,16 @@ macro_rules! for_each_backend {
         $crate::for_each_backend!(@one postgres Postgres [$($common),*] [$($pg),*]);
         $crate::for_each_backend!(@one mysql Mysql [$($common),*] [$($my),*]);
         $crate::for_each_backend!(@one local Local [$($common),*] [$($lo),*]);
+    };
+    // With an `etcd:` list, the same tests run on etcd too (feature `etcd`).
+    (
+        [$($common:ident),* $(,)?]
+        postgres: [$($pg:ident),* $(,)?],
+        mysql: [$($my:ident),* $(,)?],
+        local: [$($lo:ident),* $(,)?],
+        etcd: [$($et:ident),* $(,)?] $(,)?
+    ) => {
+        $crate::for_each_backend!([$($common),*] postgres: [$($pg),*], mysql: [$($my),*], local: [$($lo),*]);
+        $crate::for_each_backend!(@one #[cfg(feature = "etcd")] etcd Etcd [$($common),*] [$($et),*]);
     };
 }
