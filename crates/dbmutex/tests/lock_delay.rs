@@ -160,48 +160,36 @@ async fn lock_delay_refuses_shared_locks(b: Backend) {
     assert!(matches!(r, Err(Error::Unsupported(_))), "{b:?}: {r:?}");
 }
 
-mod postgres {
-    use super::*;
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_killed_holders_lock_stays_closed_for_the_delay() {
-        super::a_killed_holders_lock_stays_closed_for_the_delay(Backend::Postgres).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_closed_lock_is_refused_within_the_callers_bound() {
-        super::a_closed_lock_is_refused_within_the_callers_bound(Backend::Postgres).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn lock_delay_refuses_shared_locks() {
-        super::lock_delay_refuses_shared_locks(Backend::Postgres).await
-    }
+/// `backends!(module: Backend [tests...]; ...)`: one `#[tokio::test]` per
+/// backend and test.
+macro_rules! backends {
+    ($($module:ident: $variant:ident [$($test:ident),* $(,)?];)*) => {$(
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Backend::$variant).await
+                }
+            )*
+        }
+    )*};
 }
 
-mod mysql {
-    use super::*;
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_killed_holders_lock_stays_closed_for_the_delay() {
-        super::a_killed_holders_lock_stays_closed_for_the_delay(Backend::Mysql).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_closed_lock_is_refused_within_the_callers_bound() {
-        super::a_closed_lock_is_refused_within_the_callers_bound(Backend::Mysql).await
-    }
-}
-
-mod local {
-    use super::*;
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_killed_holders_lock_stays_closed_for_the_delay() {
-        super::a_killed_holders_lock_stays_closed_for_the_delay(Backend::Local).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_closed_lock_is_refused_within_the_callers_bound() {
-        super::a_closed_lock_is_refused_within_the_callers_bound(Backend::Local).await
-    }
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn lock_delay_refuses_shared_locks() {
-        super::lock_delay_refuses_shared_locks(Backend::Local).await
-    }
+backends! {
+    postgres: Postgres [
+        a_killed_holders_lock_stays_closed_for_the_delay,
+        a_closed_lock_is_refused_within_the_callers_bound,
+        lock_delay_refuses_shared_locks,
+    ];
+    mysql: Mysql [
+        a_killed_holders_lock_stays_closed_for_the_delay,
+        a_closed_lock_is_refused_within_the_callers_bound,
+    ];
+    local: Local [
+        a_killed_holders_lock_stays_closed_for_the_delay,
+        a_closed_lock_is_refused_within_the_callers_bound,
+        lock_delay_refuses_shared_locks,
+    ];
 }
 
 /// This test binary re-run as a holder of one lock with lock-delay, killed
