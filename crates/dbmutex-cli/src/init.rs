@@ -11,6 +11,15 @@ use crate::report::print;
 
 pub async fn init(global: &Global) -> Result<u8, Failure> {
     let target = Target::choose(global)?;
+    if target.kind == BackendKind::Etcd {
+        // Nothing kept beside the locks, so nothing to connect for.
+        print(&format!(
+            "{}: nothing to create; fencing tokens are the lock keys' revisions (once-per-window \
+             runs and lock-delay are not kept on etcd)\n",
+            target.describe()
+        ))?;
+        return Ok(0);
+    }
     let locker = target.connect().await?;
     locker.create_tables().await?;
     let grant = match target.kind {

@@ -95,5 +95,14 @@ fn run_excludes_waits_and_fences_on_etcd() {
         .unwrap();
     assert_eq!(code(&shared), 64);
     assert!(String::from_utf8_lossy(&shared.stderr).contains("etcd backend"));
+
+    // init: nothing to create, and it says why (not "beside the lock files").
+    let init = dbmutex(&url, &["init"]).output().unwrap();
+    assert_eq!(code(&init), 0, "{}", String::from_utf8_lossy(&init.stderr));
+    let said = String::from_utf8_lossy(&init.stdout);
+    assert!(
+        said.contains("revisions") && !said.contains("lock files"),
+        "{said}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
