@@ -233,12 +233,17 @@ impl LockOptions {
     /// PostgreSQL and MySQL/MariaDB keep the record in a `dbmutex_delay`
     /// table (created on first use, or by
     /// [`Locker::create_tables`](crate::Locker::create_tables) / `dbmutex
-    /// init`), written on the lock's own session while it is held. Exclusive
-    /// session locks only: with `shared(true)` or `transaction(true)` the
-    /// acquisition fails with [`Error::Unsupported`](crate::Error::Unsupported),
-    /// as on the local backend. Costs two round trips per acquisition, one
-    /// per release, and one write per `beat` while held. `Duration::ZERO`
-    /// turns it off.
+    /// init`), written on the lock's own session while it is held; the
+    /// local backend in `<lock file>.delay`. Exclusive session locks only:
+    /// with `shared(true)` or `transaction(true)` the acquisition fails with
+    /// [`Error::Unsupported`](crate::Error::Unsupported), as it does on etcd.
+    /// Costs two round trips per acquisition, one per release, and one write
+    /// per `beat` while held. `Duration::ZERO` turns it off.
+    ///
+    /// A guard dropped (not released) opens the record and unlocks in the
+    /// background: until then, a new request of this process for the same
+    /// name may find it busy. Use [`LockGuard::release`](crate::LockGuard::release)
+    /// to take it again at once.
     ///
     /// ```
     /// use dbmutex::LockOptions;
