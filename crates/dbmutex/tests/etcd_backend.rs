@@ -23,6 +23,13 @@ async fn connect(builder: LockerBuilder, etcd: &PrivateEtcd) -> Locker {
         .unwrap_or_else(|e| panic!("cannot connect to the private etcd cluster {}: {e}", etcd.url()))
 }
 
+/// `locker` gets `name` within 15 s (`why` says why it must), and lets it go.
+async fn comes_free(locker: Locker, name: &str, why: &str) {
+    let opts = LockOptions::new().timeout(Duration::from_secs(15));
+    let g = locker.acquire(name, &opts).await.unwrap();
+    g.unwrap_or_else(|| panic!("{why}")).release().await.unwrap();
+}
+
 async fn locker(etcd: &PrivateEtcd) -> Locker {
     connect(Locker::builder(&etcd.url()), etcd).await
 }
@@ -247,16 +254,12 @@ async fn a_lost_quorum_is_reported_before_the_lease_can_expire() {
     etcd.restart(others[0]);
     etcd.restart(others[1]);
     // With the quorum back, the lock is free again (deleted or expired).
-    let b = connect(builder(), &etcd).await;
-    let g = b
-        .acquire(
-            name.as_str(),
-            &LockOptions::new().timeout(Duration::from_secs(15)),
-        )
-        .await
-        .unwrap()
-        .expect("the lock comes free once the quorum is back");
-    g.release().await.unwrap();
+    comes_free(
+        connect(builder(), &etcd).await,
+        &name,
+        "the lock comes free once the quorum is back",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,16 +284,12 @@ async fn a_silent_quorum_loss_is_reported_before_the_lease_can_expire() {
     eprintln!("etcd: quorum frozen, holder told after {after:?} (lease TTL 4 s)");
     assert!(after < Duration::from_secs(3), "{after:?}");
     drop(g);
-    let b = connect(builder(), &etcd).await;
-    let g = b
-        .acquire(
-            name.as_str(),
-            &LockOptions::new().timeout(Duration::from_secs(15)),
-        )
-        .await
-        .unwrap()
-        .expect("the lock comes free once the members answer again");
-    g.release().await.unwrap();
+    comes_free(
+        connect(builder(), &etcd).await,
+        &name,
+        "the lock comes free once the members answer again",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
