@@ -61,13 +61,14 @@ pub async fn worker(
         Side::Dbmutex => {
             let locker = Locker::builder(url).application_name(app).connect().await?;
             ready(&out, start_ms).await?;
+            let cpu0 = own_cpu_us();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 let g = locker.lock(lock_name.clone()).await?;
                 waits.record(t.elapsed());
                 g.release().await?;
             }
-            report(&out, &waits)?;
+            report(&out, &waits, own_cpu_us() - cpu0)?;
             wait_for_eof();
             drop(locker);
         }
@@ -80,13 +81,14 @@ pub async fn worker(
             let lock = client.prepare("SELECT pg_advisory_lock($1, $2)").await?;
             let unlock = client.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
             ready(&out, start_ms).await?;
+            let cpu0 = own_cpu_us();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 client.execute(&lock, &[&k1, &k2]).await?;
                 waits.record(t.elapsed());
                 client.execute(&unlock, &[&k1, &k2]).await?;
             }
-            report(&out, &waits)?;
+            report(&out, &waits, own_cpu_us() - cpu0)?;
             wait_for_eof();
         }
     }
@@ -103,10 +105,22 @@ async fn ready(out: &std::io::Stdout, start_ms: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(out: &std::io::Stdout, waits: &Latencies) -> anyhow::Result<()> {
+/// This process's CPU time so far (user + system), in microseconds.
+fn own_cpu_us() -> u64 {
+    // SAFETY: getrusage writes into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
+}
+
+/// The worker's last words: its CPU time in the loop, then its waits.
+fn report(out: &std::io::Stdout, waits: &Latencies, cpu_us: u64) -> anyhow::Result<()> {
     let line: Vec<String> = waits.micros().iter().map(u32::to_string).collect();
     let mut o = out.lock();
-    writeln!(o, "waits {}", line.join(" "))?;
+    writeln!(o, "waits {cpu_us} {}", line.join(" "))?;
     o.flush()?;
     Ok(())
 }
@@ -198,17 +212,19 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     let sampler = env.sampler(&app, Vec::new());
     tokio::time::sleep(Duration::from_millis(end_ms.saturating_sub(epoch_ms()))).await;
     let mut waits = Latencies::default();
-    let reads = tokio::task::spawn_blocking(move || {
-        let mut all = Vec::new();
+    let (reads, client_cpu_us) = tokio::task::spawn_blocking(move || {
+        let (mut all, mut cpu_us) = (Vec::new(), 0u64);
         for mut r in readers {
             let mut line = String::new();
             r.read_line(&mut line)?;
             let Some(rest) = line.trim_end().strip_prefix("waits") else {
                 bail!("a fleet worker failed (said {line:?})");
             };
-            all.extend(rest.split_whitespace().filter_map(|v| v.parse::<u32>().ok()));
+            let mut words = rest.split_whitespace();
+            cpu_us += words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            all.extend(words.filter_map(|v| v.parse::<u32>().ok()));
         }
-        Ok(all)
+        Ok((all, cpu_us))
     })
     .await??;
     let (cpu1, backends) = backends_cpu_ms(env, &app).await?;
@@ -232,6 +248,10 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     row.set("backends", backends as u64);
     if ops > 0.0 {
         row.set("server_cpu_ms_per_acq", round((cpu1 - cpu0) / ops, 4));
+        row.set(
+            "client_cpu_ms_per_acq",
+            round(client_cpu_us as f64 / 1000.0 / ops, 4),
+        );
     }
     Ok(row)
 }
@@ -252,6 +272,12 @@ pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<
         raw.extra.get("server_cpu_ms_per_acq").and_then(|v| v.as_f64()),
     ) {
         ours.set("cpu_ratio_to_raw", round(a / b.max(1e-9), 3));
+    }
+    if let (Some(a), Some(b)) = (
+        ours.extra.get("client_cpu_ms_per_acq").and_then(|v| v.as_f64()),
+        raw.extra.get("client_cpu_ms_per_acq").and_then(|v| v.as_f64()),
+    ) {
+        ours.set("client_cpu_ratio_to_raw", round(a / b.max(1e-9), 3));
     }
     Ok(vec![raw, ours])
 }

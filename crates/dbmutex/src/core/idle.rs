@@ -83,10 +83,16 @@ impl<C: Reusable> Idle<C> {
     /// closes it.
     pub(crate) fn put(self: &Arc<Self>, c: C) -> bool {
         let mut list = self.list();
-        let (keep, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut *list)
-            .into_iter()
-            .partition(|(c, since)| self.fresh(c, *since));
-        *list = keep;
+        // In place: a put comes after every wait, and must not allocate.
+        let mut stale = Vec::new();
+        let mut i = 0;
+        while i < list.len() {
+            if self.fresh(&list[i].0, list[i].1) {
+                i += 1;
+            } else {
+                stale.push(list.remove(i).0);
+            }
+        }
         let kept = c.alive() && list.len() < self.max;
         if kept {
             list.push((c, Instant::now()));
@@ -98,7 +104,7 @@ impl<C: Reusable> Idle<C> {
             && self.ttl.is_some_and(|ttl| ttl < NEVER)
             && !self.reaping.swap(true, Ordering::AcqRel);
         drop(list);
-        stale.into_iter().for_each(|(c, _)| c.discard());
+        stale.into_iter().for_each(C::discard);
         if start {
             self.reap();
         }
@@ -156,7 +162,15 @@ impl<C: Reusable> Idle<C> {
             }
         }
         let mut running = Running(Arc::downgrade(self), true);
+        // Nothing put now is stale before its limit: the first look is then
+        // (a look at once would find the pool empty again as often as not,
+        // when a connection is put back and taken again on every lock, and
+        // stop, to be spawned again on the next put).
+        let first = self.ttl.map(|ttl| Instant::now() + ttl.max(MIN_REAP));
         rt.spawn(async move {
+            if let Some(first) = first {
+                tokio::time::sleep_until(first).await;
+            }
             loop {
                 let Some(next) = running.0.upgrade().and_then(|pool| pool.close_stale()) else {
                     // Stopped under the list's lock (or the pool is gone).

@@ -323,22 +323,17 @@ impl<B: Backend> Pipeline<B> {
         at: &mut Attempt<'_, B>,
         max_backoff: std::time::Duration,
     ) -> Result<Option<Granted>> {
+        // Polling is the rare way here: boxed, so the wait's future stays small.
         let (tries, permit) = match self.server_waits.clone().try_acquire_owned() {
             Ok(permit) => match self.backend.wait_in_server(tries, at).await? {
                 Waited::Granted(g) => return Ok(Some(Granted::new(g, Some(permit)))),
                 Waited::TimedOut => return Ok(None),
-                Waited::Poll(tries) => (tries, permit),
+                Waited::Poll(tries) => (tries, Some(permit)),
             },
-            Err(_) => {
-                return Ok(self
-                    .poll(&tries, at, max_backoff)
-                    .await?
-                    .map(|g| Granted::new(g, None)))
-            }
+            Err(_) => (tries, None),
         };
         drop(permit);
-        Ok(self
-            .poll(&tries, at, max_backoff)
+        Ok(Box::pin(self.poll(&tries, at, max_backoff))
             .await?
             .map(|g| Granted::new(g, None)))
     }

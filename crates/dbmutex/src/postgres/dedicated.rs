@@ -66,11 +66,13 @@ impl Spares {
             self.0.put(c);
             return Ok(true);
         }
-        if room().await == Some(false) {
+        // Connecting is rare (a spare is at hand but for the first wait) and
+        // its future is large: boxed, so the wait's own future stays small.
+        if Box::pin(room()).await == Some(false) {
             tracing::debug!("dbmutex: the server is short of connections; polling instead of waiting in it");
             return Ok(false);
         }
-        match connect_within(connector, settings, deadline).await {
+        match Box::pin(connect_within(connector, settings, deadline)).await {
             Ok(Some(c)) => {
                 self.0.put(c);
                 Ok(true)
@@ -118,7 +120,7 @@ impl Spares {
                 Err(Error::Connect(_)) => {
                     c.close();
                     let opts = opts.clone().timeout_opt(wait::remaining(deadline));
-                    let Some(c) = connect_within(connector, settings, connect_by).await? else {
+                    let Some(c) = Box::pin(connect_within(connector, settings, connect_by)).await? else {
                         return Ok(None);
                     };
                     let got =
@@ -128,7 +130,7 @@ impl Spares {
                 got => (c, got),
             },
             None => {
-                let Some(c) = connect_within(connector, settings, connect_by).await? else {
+                let Some(c) = Box::pin(connect_within(connector, settings, connect_by)).await? else {
                     return Ok(None);
                 };
                 let got = wait_dedicated(&c, name, key, opts, text(&c), as_session.then_some(comment)).await;
@@ -207,8 +209,12 @@ async fn wait_dedicated(
         Some(names) if !opts.is_try_once() => {
             wait_session_one(conn, name, key, opts, names && text != Text::Prepared).await
         }
-        _ if opts.transaction => wait_xact_dedicated(conn, name, key, opts, text == Text::Named).await,
-        _ => wait_session_dedicated(conn, name, key, opts, text == Text::Named).await,
+        // Boxed: a lock session's wait is the common one, and these futures
+        // would make every wait's larger.
+        _ if opts.transaction => {
+            Box::pin(wait_xact_dedicated(conn, name, key, opts, text == Text::Named)).await
+        }
+        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, text == Text::Named)).await,
     };
     abandon.disarm();
     got
@@ -236,30 +242,44 @@ async fn wait_session_one(
     comment: bool,
 ) -> Result<bool> {
     claimed(conn).await?;
-    let ms = match sql::wait_ms(opts.timeout) {
-        0 => "0".to_owned(),
-        ms => format!("{ms}ms"),
+    let bounded;
+    let ms: &str = match sql::wait_ms(opts.timeout) {
+        0 => "0",
+        ms => {
+            bounded = format!("{ms}ms");
+            &bounded
+        }
     };
     let params = sql::Params::of(&key, conn.owner());
-    let mut typed = params.as_typed();
-    typed.push((&ms, tokio_postgres::types::Type::TEXT));
+    // Whether the statement returned its one row (none: the claim check
+    // refused it on a session that is not ours).
     let ran = if comment {
         let sql = format!(
             "{} /* {} */",
             sql::bounded_wait_plain(opts.mode, &key),
             crate::key::sql_comment(name)
         );
-        conn.client.query_typed(&sql, &typed).await
+        let mut typed = params.as_typed();
+        typed.push((&ms, tokio_postgres::types::Type::TEXT));
+        conn.client
+            .query_typed(&sql, &typed)
+            .await
+            .map(|rows| rows.len() == 1)
     } else {
         match conn.prepared_wait(opts.mode, &key).await {
             Ok(stmt) => {
-                let values: Vec<_> = typed.iter().map(|(v, _)| *v).collect();
-                conn.client.query(&stmt, &values).await
+                // On the stack, and counted, not collected: every wait of a
+                // fleet runs this.
+                let (values, n) = params.values();
+                let mut all: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [values[0], values[1], values[2], &ms];
+                all[n] = &ms;
+                conn.client.execute(&stmt, &all[..=n]).await.map(|rows| rows == 1)
             }
             Err(e) => Err(e),
         }
     };
-    settle_wait(conn, name, key, opts, ran.map(|rows| rows.len() == 1)).await
+    settle_wait(conn, name, key, opts, ran).await
 }
 
 /// What a wait statement's outcome (`Ok(false)`: it ran on a session that is
@@ -281,7 +301,7 @@ async fn settle_wait(
         // session lock outlives the aborted statement: ask whether we hold
         // it (then it is ours, a little late), so a spare never keeps one.
         Err(e) if is_lock_timeout(&e) => {
-            match introspect::holds(conn, &key, opts.mode)
+            match Box::pin(introspect::holds(conn, &key, opts.mode))
                 .await
                 .map_err(|e| db_err(e, name))?
             {
@@ -361,9 +381,6 @@ pub(crate) struct DedicatedGrant {
 
 struct Dedicated {
     lock: SessionLock,
-    /// Checks the connection while the lock is held; stopped before the
-    /// connection can serve another (blocking) wait.
-    heartbeat: tokio::task::AbortHandle,
     xact: bool,
     spares: Spares,
     /// Room in the server's lock table, given back once the server lock is.
@@ -371,6 +388,15 @@ struct Dedicated {
     /// The in-process hold (a wait after a failed try on the lock session),
     /// given back once the server lock is.
     hold: Option<PgHold>,
+}
+
+impl Dedicated {
+    /// Without an unlock: closing the session frees the lock at once (no
+    /// round trip, no runtime); the hold goes after it.
+    fn close(self) {
+        self.lock.conn.close();
+        drop(self.hold);
+    }
 }
 
 impl DedicatedGrant {
@@ -388,46 +414,46 @@ impl DedicatedGrant {
             // for a prepared one).
             lock.conn.remember_name(&lock.name);
         }
+        // Checks the connection while the lock is held; paused again
+        // before the connection can serve another (blocking) wait.
+        lock.conn.start_heartbeat(settings.keepalive, xact);
         DedicatedGrant {
             lost: lock.conn.lost_signal(),
             held: Undo::with(
                 Dedicated {
-                    heartbeat: lock.conn.start_heartbeat(settings.keepalive, xact),
                     lock,
                     xact,
                     spares,
                     budget,
                     hold,
                 },
-                |d| {
-                    d.heartbeat.abort();
-                    // Closing the session frees the lock at once; the hold
-                    // goes after it.
-                    d.lock.conn.close();
-                    drop(d.hold);
-                },
+                Dedicated::close,
             ),
         }
     }
 }
 
 impl Grant for DedicatedGrant {
+    /// In the caller's task (no hop to another task on the way to the
+    /// server): dropped before the unlock is confirmed, the connection is
+    /// closed instead, which frees the lock just the same.
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let d = self.held.take().expect("held until released");
         // Before the unlock: no keepalive probe may follow it, since the
         // connection may next serve a wait that blocks.
-        d.heartbeat.abort();
-        let runtime = d.lock.conn.runtime.clone();
-        let task = runtime.spawn(async move {
+        d.lock.conn.stop_heartbeat();
+        Box::pin(async move {
             let Dedicated {
                 lock,
                 xact,
                 spares,
                 budget,
                 hold,
-                ..
             } = d;
             let _budget = budget;
+            // Declared last, dropped first: the session closes before the
+            // hold goes.
+            let mut abandoned = Undo::with(lock.conn.clone(), |c| c.close());
             let r = if xact {
                 match lock.conn.client.batch_execute("COMMIT").await {
                     Ok(()) => Ok(()),
@@ -438,6 +464,7 @@ impl Grant for DedicatedGrant {
             } else {
                 lock.unlock().await
             };
+            abandoned.disarm();
             // After the unlock, so the next task of this process finds the
             // server lock free.
             drop(hold);
@@ -449,10 +476,6 @@ impl Grant for DedicatedGrant {
                 lock.conn.close();
             }
             r
-        });
-        Box::pin(async move {
-            task.await
-                .unwrap_or_else(|_| Err(Error::Database("the unlock task ended unexpectedly".into())))
         })
     }
 

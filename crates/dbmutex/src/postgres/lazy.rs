@@ -22,7 +22,7 @@ use crate::{Error, Result};
 /// statements that answer at once, so a probe is never mistaken for a
 /// wait).
 pub(crate) fn prepare_session(conn: &Arc<PgConn>, settings: &Settings) {
-    drop(conn.start_heartbeat(settings.keepalive, false));
+    conn.start_heartbeat(settings.keepalive, false);
 }
 
 /// The lock session: made on first use (from an idle connection when one is
@@ -62,7 +62,9 @@ impl LazyConn {
                 c.claim().await?;
                 c
             }
-            None => connector.connect(settings, true).await?,
+            // Boxed too: a spare is at hand far more often (a waiter's
+            // connection comes back after each wait).
+            None => Box::pin(connector.connect(settings, true)).await?,
         };
         if !conn.is_claimed() {
             return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));

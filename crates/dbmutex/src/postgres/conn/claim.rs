@@ -30,6 +30,12 @@ impl PgConn {
         if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
+        // Boxed: asked on every wait, it runs once per connection.
+        Box::pin(self.claim_now()).await
+    }
+
+    /// [`claim`](Self::claim)'s statement.
+    async fn claim_now(self: &Arc<Self>) -> Result<()> {
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         let rows = self
             .client

@@ -1,5 +1,6 @@
 //! The keepalive probe of a connection that holds locks.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,29 +26,27 @@ impl PgConn {
     /// [`probe_query`](Self::probe_query)), so a holder on a primary that a
     /// failover demoted is told within the same bound.
     ///
-    /// A connection runs one probe at a time: starting one stops the last.
-    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
-        let handle = self.probe(every, xact);
-        if let Some(old) = self
-            .beat
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(handle.clone())
-        {
-            old.abort();
+    /// A connection has one probe task for its life: starting it again only
+    /// sets what it probes, and stopping it pauses it (no task is spawned or
+    /// aborted per lock: a fleet waiter goes from lock session to waiting
+    /// connection and back on every acquisition).
+    pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) {
+        let mode = if xact { BEAT_XACT } else { BEAT_SESSION };
+        self.beat_mode.store(mode, Ordering::SeqCst);
+        let mut beat = self.beat.lock().unwrap_or_else(|e| e.into_inner());
+        if beat.as_ref().is_none_or(|h| h.is_finished()) {
+            *beat = Some(self.probe(every));
         }
-        handle
     }
 
-    /// Stops the keepalive probe, before a statement that may block in the
-    /// server (the probe would take its silence for a dead server).
+    /// Pauses the keepalive probe, before a statement that may block in the
+    /// server (the probe would take its silence for a dead server). A probe
+    /// already sent is let go unanswered.
     pub(crate) fn stop_heartbeat(&self) {
-        if let Some(h) = self.beat.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            h.abort();
-        }
+        self.beat_mode.store(BEAT_PAUSED, Ordering::SeqCst);
     }
 
-    fn probe(self: &Arc<Self>, every: Duration, xact: bool) -> tokio::task::AbortHandle {
+    fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         let answer_within = every.max(Duration::from_millis(500));
         self.runtime.spawn(async move {
@@ -58,11 +57,18 @@ impl PgConn {
                 if conn.is_lost() {
                     return;
                 }
+                let xact = match conn.beat_mode.load(Ordering::SeqCst) {
+                    BEAT_PAUSED => {
+                        wait = every;
+                        continue;
+                    }
+                    mode => mode == BEAT_XACT,
+                };
                 // The probe goes out `every` after the last answer, not on a
                 // fixed tick: a tick could add up to another `every`.
                 let quiet = Duration::from_millis(
                     (conn.born.elapsed().as_millis() as u64)
-                        .saturating_sub(conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed)),
+                        .saturating_sub(conn.last_answer_ms.load(Ordering::Relaxed)),
                 );
                 if quiet < every {
                     wait = every - quiet;
@@ -96,7 +102,10 @@ impl PgConn {
                         }
                         // Other answers came meanwhile: the server is alive,
                         // just busy (our probe waits its turn behind them).
-                        Err(_) if conn.last_answer_ms.load(std::sync::atomic::Ordering::Relaxed) > asked_ms => {}
+                        Err(_) if conn.last_answer_ms.load(Ordering::Relaxed) > asked_ms => {}
+                        // Paused meanwhile: a wait that blocks went out (it may
+                        // have gone before the probe); the probe is let go.
+                        Err(_) if conn.beat_mode.load(Ordering::SeqCst) == BEAT_PAUSED => break,
                         _ => {
                             tracing::warn!(
                                 "dbmutex: the lock session did not answer its keepalive; closing it (its locks are lost)"
@@ -147,6 +156,13 @@ impl PgConn {
         q
     }
 }
+
+/// `PgConn::beat_mode`: no probe (a wait that blocks may be under way).
+const BEAT_PAUSED: u8 = 0;
+/// Probing a session-lock connection (checks its claim too).
+const BEAT_SESSION: u8 = 1;
+/// Probing a connection whose open transaction pins its session.
+const BEAT_XACT: u8 = 2;
 
 /// The probe's answer when the server is no longer a writable primary.
 const SUPERSEDED: &str = "superseded";

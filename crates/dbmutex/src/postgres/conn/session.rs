@@ -71,9 +71,12 @@ pub(crate) struct PgConn {
     pub(super) cancel: CancelToken,
     pub(super) tls: Tls,
     pub(super) task: tokio::task::AbortHandle,
-    /// The running keepalive probe (see `heartbeat.rs`), stopped before the
-    /// connection serves a wait that blocks in the server.
+    /// The keepalive probe's task (see `heartbeat.rs`), started once and
+    /// kept for the connection's life.
     pub(super) beat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// What the probe does now: paused before the connection serves a wait
+    /// that blocks in the server (see `heartbeat.rs`).
+    pub(super) beat_mode: std::sync::atomic::AtomicU8,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
     /// The text of the last lock name sent or remembered, in a buffer reused
@@ -155,6 +158,7 @@ impl PgConn {
             tls,
             task: task.abort_handle(),
             beat: Default::default(),
+            beat_mode: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
             executed: Default::default(),
