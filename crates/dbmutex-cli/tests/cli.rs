@@ -734,6 +734,45 @@ fn signal_while_waiting_exits_128_plus_n(b: &Backend) {
     b.assert_held(&name);
 }
 
+/// The guardian is forked while dbmutex connects, before the lock is
+/// taken: a waiter has it as its one child, and a waiter that gives up
+/// (SIGTERM) or dies (kill -9) before its command starts leaves no
+/// guardian behind.
+fn waiting_guardian_ends_with_the_wait(b: &Backend) {
+    let name = b.name("waitguard");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        let mut waiter = Proc(Some(
+            b.cmd(&["run", &name, "--", "true"])
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ));
+        let mut lines = Lines::of(waiter.child());
+        assert!(
+            lines.wait_for("waiting for lock", Duration::from_secs(15)),
+            "[{}] the waiter never said it was waiting",
+            b.kind
+        );
+        let kids = children_of(waiter.pid());
+        assert_eq!(
+            kids.len(),
+            1,
+            "[{}] a waiting dbmutex should have its guardian only: {kids:?}",
+            b.kind
+        );
+        waiter.signal(sig);
+        let stopped = Instant::now();
+        waiter.finish();
+        assert!(
+            gone_within(kids[0], stopped, Duration::from_secs(3)).is_some(),
+            "[{}] the guardian of a waiter outlived it (signal {sig})",
+            b.kind
+        );
+    }
+    b.assert_held(&name);
+}
+
 /// kill -9 of dbmutex: the lock is freed and the command gets SIGTERM.
 fn kill_9_frees_lock_and_stops_command(b: &Backend) {
     let name = b.name("kill9");
@@ -2832,6 +2871,7 @@ backend_tests! {
         unrunnable_commands_exit_126_127,
         signals_are_forwarded,
         signal_while_waiting_exits_128_plus_n,
+        waiting_guardian_ends_with_the_wait,
         kill_9_frees_lock_and_stops_command,
         stdio_belongs_to_the_command,
         odd_names_are_locks,
