@@ -14,6 +14,8 @@
 #   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
 #   DBMUTEX_TEST_MYSQL_URL  MySQL/MariaDB URL (default mysql://root@127.0.0.1:3306/test)
 #   BACKENDS                which backends (default "local postgres mysql")
+#   BASELINE                a second dbmutex binary (e.g. an earlier build), timed
+#                           in the same rounds: "baseline_run_ms" in the output
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
@@ -82,15 +84,18 @@ for backend in ${BACKENDS:-local postgres mysql}; do
     exit 1
   fi
   # Interleaved, so that load from elsewhere weighs on all three alike.
-  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client"
+  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client" && : >"$work/t_base"
   for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
     a=$(elapsed_us "$true_bin")
     b=$(elapsed_us flock "$work/flock" "$true_bin")
     c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
     d=$(client_us "$backend")
+    e=
+    [ -z "${BASELINE:-}" ] || e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
     if ((i >= 0)); then
       echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
       [ -z "$d" ] || echo "$d" >>"$work/t_client"
+      [ -z "$e" ] || echo "$e" >>"$work/t_base"
     fi
   done
   t_true=$(median_ms <"$work/t_true")
@@ -98,6 +103,8 @@ for backend in ${BACKENDS:-local postgres mysql}; do
   t_dbmutex=$(median_ms <"$work/t_dbmutex")
   t_client=null
   [ ! -s "$work/t_client" ] || t_client=$(median_ms <"$work/t_client")
-  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"db_client_ms":%s,"dbmutex_run_ms":%s}\n' \
-    "$backend" "$runs" "$t_true" "$t_flock" "$t_client" "$t_dbmutex"
+  base=
+  [ ! -s "$work/t_base" ] || base=,\"baseline_run_ms\":$(median_ms <"$work/t_base")
+  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"db_client_ms":%s,"dbmutex_run_ms":%s%s}\n' \
+    "$backend" "$runs" "$t_true" "$t_flock" "$t_client" "$t_dbmutex" "$base"
 done

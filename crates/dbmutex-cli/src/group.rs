@@ -50,7 +50,8 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// Forks the guardian. Call right before spawning the command, and pass
+    /// Forks the guardian. Call before spawning the command (`run` does it
+    /// while its connect waits for the server), and pass
     /// [`Guardian::report_fd`] to [`crate::child::Program::spawn`].
     pub fn start(kill_after: Duration) -> io::Result<Guardian> {
         let mut fds = [0 as RawFd; 2];
@@ -100,21 +101,62 @@ impl Guardian {
         let byte = [b'x'];
         // SAFETY: writes one byte from our buffer to our descriptor.
         unsafe { libc::write(self.pipe.as_raw_fd(), byte.as_ptr().cast(), 1) };
-        // The guardian exits as soon as it reads the byte; reap it, but never
-        // wait on a guardian someone has stopped.
-        // It takes a fraction of a millisecond: poll from 50 µs up, not in
-        // steps that would add milliseconds to every `dbmutex run`.
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let mut pause = Duration::from_micros(50);
-        loop {
-            // SAFETY: waitpid on our own child, with a null status pointer.
-            let r = unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) };
-            if r != 0 || Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(2));
+        reap(self.pid);
+    }
+
+    /// Ends a guardian whose command was never spawned (the lock was not
+    /// taken, or a once-per run was not due): its pipe closes before any
+    /// pid came through, so it exits touching nothing; then it is reaped.
+    pub fn dismiss(self) {
+        let Guardian { pipe, pid } = self;
+        drop(pipe);
+        reap(pid);
+    }
+}
+
+/// Reaps the guardian `pid`, which is exiting.
+fn reap(pid: libc::pid_t) {
+    // The guardian exits as soon as it reads the byte or end-of-file;
+    // reap it, but never wait on a guardian someone has stopped.
+    // It takes a fraction of a millisecond. A pidfd wakes us the moment it
+    // exits (Linux 5.3 and later); else, or if a signal cut that wait short,
+    // poll from 50 µs up, not in steps that would add milliseconds to every
+    // `dbmutex run`.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    #[cfg(target_os = "linux")]
+    wait_for_exit(pid, 1_000);
+    let mut pause = Duration::from_micros(50);
+    loop {
+        // SAFETY: waitpid on our own child, with a null status pointer.
+        let r = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        if r != 0 || Instant::now() > deadline {
+            break;
         }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+/// Waits at most `ms` milliseconds for child `pid` to exit, through a
+/// pidfd (readable once the process has exited); returns at once where
+/// there is none.
+#[cfg(target_os = "linux")]
+fn wait_for_exit(pid: libc::pid_t, ms: libc::c_int) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // (or -1), which we close below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
+    if fd < 0 {
+        return;
+    }
+    let mut ready = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one pollfd we own; then closes the descriptor we opened.
+    unsafe {
+        libc::poll(&mut ready, 1, ms);
+        libc::close(fd);
     }
 }
 

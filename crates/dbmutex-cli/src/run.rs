@@ -4,12 +4,16 @@
 //! [`finish`] releases the lock, in that one place whatever happened, and
 //! picks the exit status.
 
+use std::future::Future;
+use std::pin::pin;
+
 use dbmutex::runs::Run;
 use dbmutex::LockName;
 
 use crate::acquire::{self, Held, Taken};
 use crate::cli::{Global, RunArgs};
 use crate::exit::{self, Failure};
+use crate::group::Guardian;
 use crate::once;
 use crate::plan::Plan;
 use crate::say::secs;
@@ -21,12 +25,49 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
     // Before connecting: a signal during the wait is never lost to the
     // default action.
     let mut signals = Signals::install()?;
-    let held = match acquire::take(&plan, &mut signals).await? {
-        Taken::Held(held) => *held,
-        Taken::Not(code) => return Ok(code),
+    // The guardian is forked while the connect waits for the server, which
+    // takes longer than the fork: off the path to the command.
+    let (taken, guardian) = meanwhile(acquire::take(&plan, &mut signals), || {
+        Guardian::start(plan.kill_after)
+    })
+    .await;
+    let held = match taken {
+        Ok(Taken::Held(held)) => *held,
+        Ok(Taken::Not(code)) => {
+            dismiss(guardian);
+            return Ok(code);
+        }
+        Err(f) => {
+            dismiss(guardian);
+            return Err(f);
+        }
     };
-    let ended = under_lock(&plan, &held, &mut signals).await;
+    let ended = under_lock(&plan, &held, guardian, &mut signals).await;
     finish(&plan, ended, held).await
+}
+
+/// Awaits `fut`, running `side` right after `fut`'s first poll (once it
+/// waits, e.g. for the server's answer to a connect).
+async fn meanwhile<F: Future, T>(fut: F, side: impl FnOnce() -> T) -> (F::Output, T) {
+    let mut fut = pin!(fut);
+    let mut side = Some(side);
+    let mut got = None;
+    let out = std::future::poll_fn(|cx| {
+        let r = fut.as_mut().poll(cx);
+        if let Some(side) = side.take() {
+            got = Some(side());
+        }
+        r
+    })
+    .await;
+    (out, got.expect("run at the first poll"))
+}
+
+/// Ends a guardian whose command never started.
+fn dismiss(guardian: std::io::Result<Guardian>) {
+    if let Ok(g) = guardian {
+        g.dismiss();
+    }
 }
 
 /// What happened under the lock.
@@ -39,9 +80,15 @@ enum Outcome {
 
 /// Everything done while the lock is held, up to the command's end; the
 /// lock is released by the caller, whatever this returns.
-async fn under_lock(plan: &Plan, held: &Held, signals: &mut Signals) -> Result<Outcome, Failure> {
+async fn under_lock(
+    plan: &Plan,
+    held: &Held,
+    guardian: std::io::Result<Guardian>,
+    signals: &mut Signals,
+) -> Result<Outcome, Failure> {
     let guard = held.guard();
     if !guard.is_held() {
+        dismiss(guardian);
         return Err(Failure::new(
             exit::UNAVAILABLE,
             format!(
@@ -52,9 +99,16 @@ async fn under_lock(plan: &Plan, held: &Held, signals: &mut Signals) -> Result<O
     }
     let run = match plan.once_per {
         None => None,
-        Some(o) => match once::start(guard, o.window, o.reset, &plan.name, plan.busy).await? {
-            Some(run) => Some(run),
-            None => return Ok(Outcome::NotDue),
+        Some(o) => match once::start(guard, o.window, o.reset, &plan.name, plan.busy).await {
+            Ok(Some(run)) => Some(run),
+            Ok(None) => {
+                dismiss(guardian);
+                return Ok(Outcome::NotDue);
+            }
+            Err(f) => {
+                dismiss(guardian);
+                return Err(f);
+            }
         },
     };
     // What the command may want to know of its lock: the name as given, the
@@ -70,7 +124,14 @@ async fn under_lock(plan: &Plan, held: &Held, signals: &mut Signals) -> Result<O
     if let LockName::Slot(_, slot) = guard.name() {
         env.push(("DBMUTEX_SLOT", Some(slot.to_string())));
     }
-    let ended = match Tree::start(&plan.program, &env, plan.kill_after, &plan.name, plan.say) {
+    let ended = match Tree::start(
+        &plan.program,
+        &env,
+        guardian,
+        plan.kill_after,
+        &plan.name,
+        plan.say,
+    ) {
         Ok(tree) => tree.run(guard, signals).await,
         Err(f) => {
             // Found by the check, gone (or not executable) by now: the

@@ -54,11 +54,13 @@ pub struct Tree {
 
 impl Tree {
     /// Starts `program` with `env` (see [`Program::spawn`]) in a group of
-    /// its own, the guardian armed before it exists. `name` and `say` are
+    /// its own, `guardian` (forked with `kill_after`, see
+    /// [`Guardian::start`]) armed before it exists. `name` and `say` are
     /// for the messages about the group.
     pub fn start(
         program: &Program,
         env: &[(&str, Option<String>)],
+        guardian: std::io::Result<Guardian>,
         kill_after: Duration,
         name: &str,
         say: Say,
@@ -77,7 +79,7 @@ impl Tree {
         };
         // The guardian first: from the moment the command exists, dbmutex's
         // death (even by SIGKILL) stops its whole process group.
-        let guardian = Guardian::start(kill_after).map_err(|e| {
+        let guardian = guardian.map_err(|e| {
             Failure::new(
                 exit::OS_ERROR,
                 format!("cannot start the process that watches over the command: {e}"),

@@ -483,6 +483,19 @@ impl Lines {
     }
 }
 
+/// Starts `dbmutex ARGS` with its stderr read line by line, and waits
+/// until it says that it is waiting for its lock.
+fn start_waiting(b: &Backend, args: &[&str]) -> (Proc, Lines) {
+    let mut waiter = Proc(Some(b.cmd(args).stderr(Stdio::piped()).spawn().unwrap()));
+    let mut lines = Lines::of(waiter.child());
+    assert!(
+        lines.wait_for("waiting for lock", Duration::from_secs(15)),
+        "[{}] the waiter never said it was waiting",
+        b.kind
+    );
+    (waiter, lines)
+}
+
 /// Polls `cond` every 20 ms until it holds or `limit` passes.
 fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
@@ -575,18 +588,7 @@ fn waiter_takes_over_at_release(b: &Backend) {
             released.display()
         ),
     );
-    let mut waiter = Proc(Some(
-        b.cmd(&["run", "-v", &name, "--", "touch", ran.to_str().unwrap()])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
-    let mut lines = Lines::of(waiter.child());
-    assert!(
-        lines.wait_for("waiting for lock", Duration::from_secs(15)),
-        "[{}] the waiter never said it was waiting",
-        b.kind
-    );
+    let (mut waiter, lines) = start_waiting(b, &["run", "-v", &name, "--", "touch", ran.to_str().unwrap()]);
     assert!(!ran.exists(), "the waiter ran while the holder held the lock");
     std::fs::write(&go, b"").unwrap();
     let out = waiter.finish();
@@ -705,19 +707,8 @@ fn signal_while_waiting_exits_128_plus_n(b: &Backend) {
     let name = b.name("waitsig");
     let _holder = b.hold(&name, &[], "exec sleep 30");
     let ran = b.marker("ran");
-    let mut waiter = Proc(Some(
-        b.cmd(&["run", &name, "-c", &format!("touch '{}'", ran.display())])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
     // The notice says the wait is on (and the handlers are in place).
-    let mut lines = Lines::of(waiter.child());
-    assert!(
-        lines.wait_for("waiting for lock", Duration::from_secs(15)),
-        "[{}] the waiter never said it was waiting",
-        b.kind
-    );
+    let (mut waiter, lines) = start_waiting(b, &["run", &name, "-c", &format!("touch '{}'", ran.display())]);
     waiter.signal(libc::SIGTERM);
     let start = Instant::now();
     let out = waiter.finish();
@@ -731,6 +722,34 @@ fn signal_while_waiting_exits_128_plus_n(b: &Backend) {
         start.elapsed()
     );
     assert!(!ran.exists(), "the command ran");
+    b.assert_held(&name);
+}
+
+/// The guardian is forked while dbmutex connects, before the lock is
+/// taken: a waiter has it as its one child, and a waiter that gives up
+/// (SIGTERM) or dies (kill -9) before its command starts leaves no
+/// guardian behind.
+fn waiting_guardian_ends_with_the_wait(b: &Backend) {
+    let name = b.name("waitguard");
+    let _holder = b.hold(&name, &[], "exec sleep 30");
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        let (mut waiter, _lines) = start_waiting(b, &["run", &name, "--", "true"]);
+        let kids = children_of(waiter.pid());
+        assert_eq!(
+            kids.len(),
+            1,
+            "[{}] a waiting dbmutex should have its guardian only: {kids:?}",
+            b.kind
+        );
+        waiter.signal(sig);
+        let stopped = Instant::now();
+        waiter.finish();
+        assert!(
+            gone_within(kids[0], stopped, Duration::from_secs(3)).is_some(),
+            "[{}] the guardian of a waiter outlived it (signal {sig})",
+            b.kind
+        );
+    }
     b.assert_held(&name);
 }
 
@@ -2832,6 +2851,7 @@ backend_tests! {
         unrunnable_commands_exit_126_127,
         signals_are_forwarded,
         signal_while_waiting_exits_128_plus_n,
+        waiting_guardian_ends_with_the_wait,
         kill_9_frees_lock_and_stops_command,
         stdio_belongs_to_the_command,
         odd_names_are_locks,

@@ -43,9 +43,9 @@ impl PgConn {
                 "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
                  THEN set_config('dbmutex.owner', $1, false) \
                  ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-                 (SELECT extract(epoch FROM backend_start)::text FROM pg_stat_get_activity(pg_backend_pid())), \
+                 (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())), \
                  current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-                 current_setting('max_prepared_transactions'), host(inet_server_addr()), inet_server_port(), \
+                 current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
                  pg_is_in_recovery(), current_setting('transaction_read_only')",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
@@ -60,8 +60,10 @@ impl PgConn {
             return Err(Error::Connect(ON_A_STANDBY.into()));
         }
         let owner: Option<String> = row.get(0);
-        // Read as text: casts and the pg_stat_activity view would cost a
-        // fresh backend milliseconds of catalog lookups on every connect.
+        // The first statement of a fresh backend: every function, operator
+        // and cast it names costs catalog lookups there (BENCHMARKS.md, CLI
+        // start). So settings come as text, the start time and the address
+        // in binary (no `extract(..)::text`, no `host()`), and no view.
         let setting = |i: usize| -> u64 {
             row.get::<_, Option<String>>(i)
                 .and_then(|v| v.parse().ok())
@@ -72,14 +74,15 @@ impl PgConn {
             slots: (setting(4) + setting(5)).max(1),
         });
         if owner.as_deref() == Some(token.as_str()) {
-            let _ = self.server_end.set((row.get(6), row.get(7)));
+            let addr = row.get::<_, Option<std::net::IpAddr>>(6).map(|a| a.to_string());
+            let _ = self.server_end.set((addr, row.get(7)));
             let writable = row.get::<_, Option<String>>(9).as_deref() == Some("off");
             self.writable
                 .store(writable, std::sync::atomic::Ordering::Relaxed);
             let _ = self.claim.set(Claim {
                 token,
                 pid: row.get(1),
-                started: row.get::<_, Option<String>>(2).unwrap_or_default(),
+                started: row.get(2),
             });
         } else {
             self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -143,18 +146,18 @@ impl PgConn {
             if let Some(c) = me.claim.get() {
                 // Only a session that holds advisory locks (ours) is ended:
                 // behind a pooler it may be running another client's
-                // transaction right now. Matched by pid and start time (as
-                // epoch seconds: no TimeZone or DateStyle in the way), so a
-                // reused pid is never hit.
+                // transaction right now. Matched by pid and start time (in
+                // binary, to the microsecond: no TimeZone or DateStyle in
+                // the way), so a reused pid is never hit.
                 let ended = me
                     .client
                     .query_typed(
                         "SELECT pg_terminate_backend(a.pid) FROM pg_stat_get_activity($1) a \
-                         WHERE extract(epoch FROM a.backend_start)::text = $2 \
+                         WHERE a.backend_start = $2 \
                          AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory')",
                         &[
                             (&c.pid, tokio_postgres::types::Type::INT4),
-                            (&c.started, tokio_postgres::types::Type::TEXT),
+                            (&c.started, tokio_postgres::types::Type::TIMESTAMPTZ),
                         ],
                     )
                     .await;

@@ -35,23 +35,32 @@ use std::time::Duration;
 
 use super::session::PgConn;
 
-/// The statement that sets the server's side of liveness for bound `t`.
-pub(crate) fn watch_sql(t: Duration) -> String {
+/// The statements that set the server's side of liveness for bound `t` on
+/// a server of major version `major` (as its `server_version` says at
+/// connect; `0` when unknown: the keepalive settings only). Plain `SET`s
+/// name no function, so a fresh backend looks nothing up in its catalogs
+/// for them (`set_config` calls with the version read and cast in SQL did:
+/// BENCHMARKS.md, CLI start). Sent as one simple query, one implicit
+/// transaction: all are set, or none.
+pub(crate) fn watch_sql(t: Duration, major: u32) -> String {
     let secs = t.as_secs().max(2);
     let ms = t.as_millis().max(2_000);
     let check_ms = (ms / 4).clamp(100, 1_000);
-    format!(
-        "SELECT set_config('tcp_keepalives_idle', '{idle}', false), \
-         set_config('tcp_keepalives_interval', '{interval}', false), \
-         set_config('tcp_keepalives_count', '3', false), \
-         CASE WHEN current_setting('server_version_num')::int >= 120000 \
-         THEN set_config('tcp_user_timeout', '{ms}', false) END, \
-         CASE WHEN current_setting('server_version_num')::int >= 140000 \
-         THEN set_config('idle_session_timeout', '{ms}', false) \
-         || set_config('client_connection_check_interval', '{check_ms}', false) END",
+    let mut sql = format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
+         SET tcp_keepalives_count = 3",
         idle = (secs / 2).max(1),
         interval = (secs / 6).max(1),
-    )
+    );
+    if major >= 12 {
+        sql.push_str(&format!("; SET tcp_user_timeout = {ms}"));
+    }
+    if major >= 14 {
+        sql.push_str(&format!(
+            "; SET idle_session_timeout = {ms}; SET client_connection_check_interval = {check_ms}"
+        ));
+    }
+    sql
 }
 
 impl PgConn {
@@ -63,7 +72,7 @@ impl PgConn {
             return;
         }
         let me = self.clone();
-        let sql = watch_sql(self.dead_peer);
+        let sql = watch_sql(self.dead_peer, self.server_major);
         let mut send = Box::pin(async move {
             if let Err(e) = me.client.simple_query(&sql).await {
                 tracing::debug!(error = %e, "dbmutex: could not set the server's dead-peer timeouts");
@@ -88,24 +97,36 @@ mod tests {
 
     #[test]
     fn the_default_bound_is_ten_seconds_split_as_documented() {
-        let sql = watch_sql(Duration::from_secs(10));
+        let sql = watch_sql(Duration::from_secs(10), 15);
         for part in [
-            "'tcp_keepalives_idle', '5'",
-            "'tcp_keepalives_interval', '1'",
-            "'tcp_keepalives_count', '3'",
-            "'tcp_user_timeout', '10000'",
-            "'idle_session_timeout', '10000'",
-            "'client_connection_check_interval', '1000'",
+            "SET tcp_keepalives_idle = 5;",
+            "SET tcp_keepalives_interval = 1;",
+            "SET tcp_keepalives_count = 3;",
+            "SET tcp_user_timeout = 10000;",
+            "SET idle_session_timeout = 10000;",
+            "SET client_connection_check_interval = 1000",
         ] {
             assert!(sql.contains(part), "{part} in {sql}");
         }
+        assert!(!sql.contains('('), "no function call: {sql}");
+    }
+
+    #[test]
+    fn older_servers_get_only_what_they_know() {
+        let v13 = watch_sql(Duration::from_secs(10), 13);
+        assert!(v13.contains("tcp_user_timeout = 10000"), "{v13}");
+        assert!(!v13.contains("idle_session_timeout"), "{v13}");
+        let v11 = watch_sql(Duration::from_secs(10), 11);
+        assert!(v11.contains("tcp_keepalives_count = 3"), "{v11}");
+        assert!(!v11.contains("tcp_user_timeout"), "{v11}");
+        assert_eq!(watch_sql(Duration::from_secs(10), 0), v11);
     }
 
     #[test]
     fn tiny_bounds_stay_valid() {
-        let sql = watch_sql(Duration::from_millis(1));
-        assert!(sql.contains("'tcp_keepalives_idle', '1'"), "{sql}");
-        assert!(sql.contains("'tcp_user_timeout', '2000'"), "{sql}");
-        assert!(sql.contains("'client_connection_check_interval', '500'"), "{sql}");
+        let sql = watch_sql(Duration::from_millis(1), 15);
+        assert!(sql.contains("tcp_keepalives_idle = 1;"), "{sql}");
+        assert!(sql.contains("tcp_user_timeout = 2000;"), "{sql}");
+        assert!(sql.contains("client_connection_check_interval = 500"), "{sql}");
     }
 }

@@ -41,7 +41,7 @@ pub(crate) struct Claim {
     /// The claimed session's backend pid and start, to end it if we are
     /// ever moved away from it while it holds our locks.
     pub(super) pid: i32,
-    pub(super) started: String,
+    pub(super) started: Option<std::time::SystemTime>,
 }
 
 /// What the server's lock table can hold, as its settings say.
@@ -114,6 +114,9 @@ pub(crate) struct PgConn {
     pub(super) dead_peer: Duration,
     /// Whether the server was asked to watch this session.
     pub(super) watched: std::sync::atomic::AtomicBool,
+    /// The server's major version, from its `server_version` at connect
+    /// (`0`: not told), for the settings it knows (see `liveness.rs`).
+    pub(super) server_major: u32,
     /// The claim found a writable primary (not in recovery, not
     /// read-only): the keepalive probe then reports the server going
     /// read-only as a loss (see `heartbeat.rs`).
@@ -133,6 +136,7 @@ impl PgConn {
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let server_major = major_version(conn.parameter("server_version"));
         let (lost, _) = watch::channel(false);
         let lost_tx = lost.clone();
         let task = tokio::spawn(async move {
@@ -174,6 +178,7 @@ impl PgConn {
             direct: Default::default(),
             dead_peer,
             watched: Default::default(),
+            server_major,
             writable: Default::default(),
         })
     }
@@ -444,5 +449,27 @@ impl PgConn {
 impl Drop for PgConn {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The major version in a `server_version` parameter (`15.10 (Debian
+/// 15.10-1)`, `9.6.24`, `17beta1`), `0` when there is none.
+fn major_version(server_version: Option<&str>) -> u32 {
+    let v = server_version.unwrap_or("");
+    let digits = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    v[..digits].parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn major_versions() {
+        assert_eq!(major_version(Some("15.10 (Debian 15.10-0+deb12u1)")), 15);
+        assert_eq!(major_version(Some("9.6.24")), 9);
+        assert_eq!(major_version(Some("17beta1")), 17);
+        assert_eq!(major_version(Some("")), 0);
+        assert_eq!(major_version(None), 0);
     }
 }
