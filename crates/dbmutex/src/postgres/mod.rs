@@ -341,6 +341,17 @@ impl Backend for PgBackend {
             // `PgConn::session_text`); it goes into the session's keepalive
             // probe instead, where `pg_stat_activity` shows it.
             let conn = lock_conn(tries)?;
+            // A task of ours may have left the server lock on the session for us.
+            let parked = at.opts.mode == Mode::Exclusive
+                && at
+                    .hold
+                    .as_ref()
+                    .is_some_and(|h| handoff::take_parked(h.slot(), conn.id));
+            // Before the lock's value is made (a copy of the name): a fleet
+            // waiter skips its try on every acquisition.
+            if !parked && tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                return Ok(None);
+            }
             let lock = SessionLock {
                 conn: conn.clone(),
                 key: *at.key,
@@ -348,15 +359,6 @@ impl Backend for PgBackend {
                 name: at.name.clone(),
                 text: conn.session_text(at.settings.name_comments, at.opts.mode, at.key),
             };
-            // A task of ours may have left the server lock on the session for us.
-            let parked = lock.mode == Mode::Exclusive
-                && at
-                    .hold
-                    .as_ref()
-                    .is_some_and(|h| handoff::take_parked(h.slot(), lock.conn.id));
-            if !parked && tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                return Ok(None);
-            }
             let lock = match parked {
                 true => lock,
                 false => match lock.try_lock().await {
