@@ -10,7 +10,15 @@
 #   CYCLES=500 scripts/callgrind.sh mysql://root@127.0.0.1:3306/test
 #
 # Environment: CYCLES (default 2000), SIDES (default "raw dbmutex
-# dbmutex-drop"). Needs valgrind (apt-get install valgrind). The bench is
+# dbmutex-drop"), WAITS (default 1: also the waiting cycle of a fleet
+# worker, below; 0 skips it).
+#
+# The waiting cycle: one `fleet-worker` of each side (raw, dbmutex) runs
+# under callgrind for 2 s and for 6 s beside a raw partner worker on the
+# same name, so most acquisitions wait in the server behind the partner
+# (dbmutex: a key contended lately goes straight to the server wait);
+# (Ir(6 s) - Ir(2 s)) / (acquisitions(6 s) - acquisitions(2 s)) is printed
+# as `waiting-raw` / `waiting-dbmutex`. Needs valgrind (apt-get install valgrind). The bench is
 # built with the `profiling` profile (release, with line tables), so
 # `callgrind_annotate` on the kept output files (OUT, default a temp dir)
 # names the functions.
@@ -43,4 +51,33 @@ for side in $sides; do
   [ -z "$raw_per" ] || ratio=$(awk -v a="$per" -v b="$raw_per" 'BEGIN { printf "%.3f", a / b }')
   printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"callgrind_out":"%s"}\n' \
     "$side" "$cycles" "$per" "$ratio" "$out/callgrind.$side.$cycles"
+done
+
+[ "${WAITS:-1}" = 1 ] || exit 0
+# wait_run SIDE SECONDS: "Ir acquisitions" of one worker under callgrind.
+wait_run() {
+  local file="$out/callgrind.waiting-$1.$2" name="callgrind-wait-$$"
+  local start=$(( $(date +%s%3N) + 4000 ))
+  local end=$(( start + $2 * 1000 ))
+  "$bench" --database-url "$url" --scenario fleet-worker --fleet-side raw --fleet-name "$name" \
+    --fleet-app callgrind-partner --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null >/dev/null &
+  local partner=$!
+  local waits
+  waits=$(valgrind --tool=callgrind --callgrind-out-file="$file" -q \
+    "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$1" --fleet-name "$name" \
+    --fleet-app "callgrind-$1" --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null | grep '^waits')
+  wait "$partner"
+  # The line is `waits CPU_US W1 W2 ...`: the acquisitions are the rest.
+  echo "$(awk '/^(summary|totals):/ { print $2; exit }' "$file") $(( $(wc -w <<<"$waits") - 2 ))"
+}
+raw_wait=""
+for side in raw dbmutex; do
+  read -r ir2 n2 < <(wait_run "$side" 2)
+  read -r ir6 n6 < <(wait_run "$side" 6)
+  [ "$n6" -gt "$n2" ] || { echo "callgrind.sh: the waiting cycle made no progress ($n2, $n6)" >&2; exit 1; }
+  per=$(( (ir6 - ir2) / (n6 - n2) ))
+  [ "$side" != raw ] || raw_wait=$per
+  ratio=$(awk -v a="$per" -v b="$raw_wait" 'BEGIN { printf "%.3f", a / b }')
+  printf '{"side":"waiting-%s","acquisitions":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"callgrind_out":"%s"}\n' \
+    "$side" "$(( n6 - n2 ))" "$per" "$ratio" "$out/callgrind.waiting-$side.6"
 done
