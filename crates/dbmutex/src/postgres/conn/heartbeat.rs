@@ -31,8 +31,7 @@ impl PgConn {
     /// aborted per lock: a fleet waiter goes from lock session to waiting
     /// connection and back on every acquisition).
     pub(crate) fn start_heartbeat(self: &Arc<Self>, every: Duration, xact: bool) {
-        let mode = if xact { BEAT_XACT } else { BEAT_SESSION };
-        self.beat_mode.store(mode, Ordering::SeqCst);
+        self.set_beat(if xact { BEAT_XACT } else { BEAT_SESSION });
         let mut beat = self.beat.lock().unwrap_or_else(|e| e.into_inner());
         if beat.as_ref().is_none_or(|h| h.is_finished()) {
             *beat = Some(self.probe(every));
@@ -41,9 +40,18 @@ impl PgConn {
 
     /// Pauses the keepalive probe, before a statement that may block in the
     /// server (the probe would take its silence for a dead server). A probe
-    /// already sent is let go unanswered.
+    /// already sent is let go unanswered, as one of an earlier holder.
     pub(crate) fn stop_heartbeat(&self) {
-        self.beat_mode.store(BEAT_PAUSED, Ordering::SeqCst);
+        self.set_beat(BEAT_PAUSED);
+    }
+
+    /// A new spell of `mode`, from now: a probe sent in an earlier spell is
+    /// let go (its silence may be a blocking wait's, or a pooler's queue,
+    /// and no longer says anything about this holder), and the first probe
+    /// of the spell goes out only once it has been quiet for `every`.
+    fn set_beat(&self, mode: u64) {
+        let now = self.born.elapsed().as_millis() as u64;
+        self.beat_mode.store((now << 2) | mode, Ordering::SeqCst);
     }
 
     fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
@@ -57,18 +65,20 @@ impl PgConn {
                 if conn.is_lost() {
                     return;
                 }
-                let xact = match conn.beat_mode.load(Ordering::SeqCst) {
+                let spell = conn.beat_mode.load(Ordering::SeqCst);
+                let xact = match spell & 3 {
                     BEAT_PAUSED => {
                         wait = every;
                         continue;
                     }
                     mode => mode == BEAT_XACT,
                 };
-                // The probe goes out `every` after the last answer, not on a
-                // fixed tick: a tick could add up to another `every`.
+                // The probe goes out `every` after the last answer (or the
+                // spell's start), not on a fixed tick: a tick could add up
+                // to another `every`.
                 let quiet = Duration::from_millis(
                     (conn.born.elapsed().as_millis() as u64)
-                        .saturating_sub(conn.last_answer_ms.load(Ordering::Relaxed)),
+                        .saturating_sub(conn.last_answer_ms.load(Ordering::Relaxed).max(spell >> 2)),
                 );
                 if quiet < every {
                     wait = every - quiet;
@@ -103,9 +113,9 @@ impl PgConn {
                         // Other answers came meanwhile: the server is alive,
                         // just busy (our probe waits its turn behind them).
                         Err(_) if conn.last_answer_ms.load(Ordering::Relaxed) > asked_ms => {}
-                        // Paused meanwhile: a wait that blocks went out (it may
-                        // have gone before the probe); the probe is let go.
-                        Err(_) if conn.beat_mode.load(Ordering::SeqCst) == BEAT_PAUSED => break,
+                        // Another spell since (paused for a wait that blocks,
+                        // or another holder's): the probe is let go.
+                        Err(_) if conn.beat_mode.load(Ordering::SeqCst) != spell => break,
                         _ => {
                             tracing::warn!(
                                 "dbmutex: the lock session did not answer its keepalive; closing it (its locks are lost)"
@@ -157,12 +167,14 @@ impl PgConn {
     }
 }
 
-/// `PgConn::beat_mode`: no probe (a wait that blocks may be under way).
-const BEAT_PAUSED: u8 = 0;
+/// `PgConn::beat_mode`'s low two bits (the rest: when the spell began, in
+/// milliseconds since the connection was made): no probe (a wait that
+/// blocks may be under way).
+const BEAT_PAUSED: u64 = 0;
 /// Probing a session-lock connection (checks its claim too).
-const BEAT_SESSION: u8 = 1;
+const BEAT_SESSION: u64 = 1;
 /// Probing a connection whose open transaction pins its session.
-const BEAT_XACT: u8 = 2;
+const BEAT_XACT: u64 = 2;
 
 /// The probe's answer when the server is no longer a writable primary.
 const SUPERSEDED: &str = "superseded";

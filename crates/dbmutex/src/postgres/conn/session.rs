@@ -74,9 +74,9 @@ pub(crate) struct PgConn {
     /// The keepalive probe's task (see `heartbeat.rs`), started once and
     /// kept for the connection's life.
     pub(super) beat: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
-    /// What the probe does now: paused before the connection serves a wait
-    /// that blocks in the server (see `heartbeat.rs`).
-    pub(super) beat_mode: std::sync::atomic::AtomicU8,
+    /// What the probe does now, and since when (see `heartbeat.rs`):
+    /// paused before the connection serves a wait that blocks in the server.
+    pub(super) beat_mode: std::sync::atomic::AtomicU64,
     /// Where to spawn unlocks queued by a drop on a thread with no runtime.
     pub(crate) runtime: tokio::runtime::Handle,
     /// The text of the last lock name sent or remembered, in a buffer reused
