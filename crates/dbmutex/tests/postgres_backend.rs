@@ -1212,3 +1212,40 @@ async fn a_quiet_locker_keeps_only_its_lock_session() {
         g.release().await.unwrap();
     }
 }
+
+/// A release dropped after its first poll (the unlock is on the wire, its
+/// answer not yet read) still frees the lock, whether the lock was on the
+/// lock session or on a connection of its own after a wait in the server
+/// (whose release runs in the caller's task: dropped, it closes that
+/// connection), and the locker works on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_dropped_in_flight_frees_the_lock() {
+    let a = Backend::Postgres.locker().await;
+    let other = Backend::Postgres.locker().await;
+    for (label, opts) in [
+        ("lock session", LockOptions::new()),
+        ("own connection", server_wait(Some(Duration::from_secs(5)))),
+    ] {
+        for _ in 0..20 {
+            let name = unique("release-inflight");
+            let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free name");
+            // Polled once, then dropped.
+            let _ = tokio::time::timeout(Duration::ZERO, g.release()).await;
+            let name_ref = name.as_str();
+            let other_ref = &other;
+            assert!(
+                eventually(Duration::from_secs(10), || async move {
+                    common::free_for(other_ref, name_ref).await
+                })
+                .await,
+                "{label}: a release dropped in flight kept the lock"
+            );
+            let again = a
+                .acquire(name.as_str(), &opts)
+                .await
+                .unwrap()
+                .expect("the locker works on");
+            again.release().await.unwrap();
+        }
+    }
+}
