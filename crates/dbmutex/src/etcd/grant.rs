@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
+use tokio::sync::watch;
 
 use super::client;
 use super::session::Session;
@@ -21,8 +22,9 @@ pub(super) struct EtcdGrant {
     release: Undo<Held>,
     /// The key's create revision: cluster-wide monotonic.
     revision: i64,
-    /// The session the key's lease belongs to.
-    session: Arc<Session>,
+    /// Turns `true` when the lock is lost: its session ended, or someone
+    /// else deleted its key.
+    lost: watch::Receiver<bool>,
 }
 
 /// What deleting the key needs.
@@ -41,7 +43,7 @@ pub(super) struct Held {
 impl EtcdGrant {
     pub(super) fn new(held: Held, revision: i64) -> Self {
         EtcdGrant {
-            session: held.session.clone(),
+            lost: held.session.held.add(&held.key),
             revision,
             release: Undo::with(held, spawn_delete),
         }
@@ -53,6 +55,7 @@ impl EtcdGrant {
 /// With that runtime gone, the session revokes its lease when its last
 /// user goes (see `session`).
 pub(super) fn spawn_delete(mut held: Held) {
+    held.session.held.remove(&held.key);
     if let Some(h) = held.hold.as_mut() {
         h.releasing();
     }
@@ -83,6 +86,7 @@ impl Grant for EtcdGrant {
     /// the background until it succeeds or the lease ends.
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let mut held = self.release.take().expect("held until released");
+        held.session.held.remove(&held.key);
         if let Some(h) = held.hold.as_mut() {
             h.releasing();
         }
@@ -99,7 +103,7 @@ impl Grant for EtcdGrant {
     }
 
     fn loss(&self) -> LossToken {
-        LossToken::of(self.session.ended())
+        LossToken::of(self.lost.clone())
     }
 
     fn on_session(&self) -> Option<&dyn OnSession> {
@@ -113,10 +117,10 @@ impl OnSession for EtcdGrant {
     /// created after every earlier holder's (or it would have waited for
     /// them): no write is needed.
     fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
-        let token = match self.session.is_over() {
+        let token = match *self.lost.borrow() {
             false => Ok(self.revision as u64),
             true => Err(Error::LockLost {
-                name: "an etcd lock whose lease ended".into(),
+                name: "an etcd lock whose lease ended or whose key was deleted".into(),
             }),
         };
         Box::pin(std::future::ready(token))

@@ -32,7 +32,11 @@
 //!   half the TTL, counted from the sending of the last answered one (5 s
 //!   by default). etcd frees a silent session's keys a full TTL after the
 //!   last keep-alive it received, so a holder that can be told is told
-//!   first. The next acquisition grants a new lease.
+//!   first. The next acquisition grants a new lease. A lock whose key
+//!   someone else deleted (`etcdctl del`, another client) is reported lost
+//!   on its own, within one keep-alive period: while the session holds
+//!   locks, it asks etcd once a period which keys its lease still has
+//!   (`held.rs`).
 //! - **Fencing token** ([`LockOptions::fenced`](crate::LockOptions::fenced)):
 //!   the key's create revision, which etcd's cluster-wide revision counter
 //!   makes strictly greater than every earlier holder's, across leader
@@ -45,6 +49,7 @@
 
 mod client;
 mod grant;
+mod held;
 mod introspect;
 mod queue;
 mod session;
