@@ -57,7 +57,7 @@ mod session;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
 
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn, Waited};
 use crate::key::etcd_lock_prefix;
@@ -87,12 +87,7 @@ impl EtcdBackend {
     /// Connects to the members `url` names (any one that answers serves).
     pub(crate) async fn connect(url: &EtcdUrl, settings: &Settings) -> Result<Self> {
         let endpoints: Vec<String> = url.hosts.iter().map(|h| format!("http://{h}")).collect();
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(settings.connect_timeout)
-            .with_keep_alive(
-                settings.keepalive,
-                settings.keepalive.max(std::time::Duration::from_millis(500)),
-            );
+        let opts = client::options(settings);
         // The client connects lazily: one status call proves a member answers.
         let connect = async {
             let client = Client::connect(&endpoints, Some(opts)).await?;

@@ -186,8 +186,14 @@ async fn wait_deleted(client: &Client, ahead: &Ahead, mut ended: watch::Receiver
             Ok(())
         }
         _ = over(&mut ended) => Err(session_over("the etcd lease ended while waiting for the lock")),
+        // A watch on a member that went silent (cut off, frozen) never
+        // ends by itself: look again now and then.
+        () = tokio::time::sleep(RELOOK) => Ok(()),
     }
 }
+
+/// How often a waiter looks at the queue again while its watch says nothing.
+const RELOOK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The key now just below ours, if our key is still queued; an error if it
 /// is gone (its lease ended).
