@@ -21,6 +21,9 @@ pub(super) fn etcd_err(e: etcd_client::Error) -> Error {
         // gRPC's Cancelled (1), Unknown (2), DeadlineExceeded (4) and
         // Unavailable (14): the member is gone or cut off.
         E::GRpcStatus(s) if matches!(i32::from(s.code()), 1 | 2 | 4 | 14) => Error::Connect(Box::new(e)),
+        // NotFound (5): the lease is gone (see `is_lease_gone`): the session
+        // is over, and the core tries again on a new one.
+        E::GRpcStatus(s) if i32::from(s.code()) == 5 => Error::Connect(Box::new(e)),
         // A connection etcd closed for its pings (a quiet watch's
         // connection, pinged every keep-alive): the request goes again.
         E::GRpcStatus(_) if format!("{e:?}").contains("too_many_pings") => Error::Connect(Box::new(e)),
@@ -77,14 +80,24 @@ where
     }
 }
 
-/// Deletes `key` (retried while a member is unreachable).
-pub(super) async fn delete(client: &Client, key: &str) -> Result<()> {
+/// Deletes `key` (retried while a member is unreachable); how many keys
+/// went (0: it was gone already, or a retry's first try took it).
+pub(super) async fn delete(client: &Client, key: &str) -> Result<i64> {
     retried(|| {
         let mut kv = client.kv_client();
         async move { kv.delete(key, None).await }
     })
     .await
-    .map(drop)
+    .map(|r| r.deleted())
+}
+
+/// Whether `e` is etcd saying a lease is gone (revoked or expired): a put
+/// with it answers gRPC NotFound, "requested lease not found".
+pub(super) fn is_lease_gone(e: &Error) -> bool {
+    matches!(e, Error::Connect(b) if matches!(
+        b.downcast_ref::<etcd_client::Error>(),
+        Some(etcd_client::Error::GRpcStatus(s)) if i32::from(s.code()) == 5
+    ))
 }
 
 /// Runs `txn` (retried while a member is unreachable: every transaction

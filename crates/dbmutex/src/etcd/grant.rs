@@ -69,7 +69,7 @@ pub(super) async fn delete_until_done(held: Held) {
     let mut ended = held.session.ended();
     loop {
         match client::delete(&held.client, &held.key).await {
-            Ok(()) => return,
+            Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "dbmutex: etcd unlock failed; retrying until the lease ends")
             }
@@ -98,7 +98,14 @@ impl Grant for EtcdGrant {
             if r.is_ok() {
                 again.disarm();
             }
-            r
+            // Nothing to delete: someone else did (a revoked lease, a
+            // deleted key) while it was held, which the holder must hear.
+            match r? {
+                0 => Err(Error::LockLost {
+                    name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
+                }),
+                _ => Ok(()),
+            }
         })
     }
 

@@ -95,7 +95,12 @@ pub(super) async fn enqueue(
             r
         })
         .await
-        .map_err(|_| session_over("the etcd put task ended unexpectedly"))??;
+        .map_err(|_| session_over("the etcd put task ended unexpectedly"))?
+        .inspect_err(|e| {
+            if client::is_lease_gone(e) {
+                session.end("etcd says the lease is gone");
+            }
+        })?;
     let seen_at = answer.header().map_or(0, |h| h.revision());
     let got = |i: usize| match answer.op_responses().get(i) {
         Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),

@@ -22,6 +22,8 @@ pub(crate) struct Session {
     pub(super) lease: i64,
     /// Turns `true` when the session is over.
     ended: watch::Receiver<bool>,
+    /// Ends it from outside the keep-alive task.
+    end: watch::Sender<bool>,
     /// The keys it holds locks with, checked for deletion by others.
     pub(super) held: Arc<HeldKeys>,
     /// Stops the keep-alive task and revokes the lease (in the
@@ -72,12 +74,13 @@ impl Session {
         let lease = granted.id();
         let (tx, ended) = watch::channel(false);
         let held = Arc::new(HeldKeys::default());
+        let end = tx.clone();
         let task = tokio::spawn(keep_alive(client.clone(), lease, timing, tx, held.clone()));
         let checks = tokio::spawn(check_held(client.clone(), lease, timing, held.clone()));
         let revoke_client = client.clone();
         let runtime = tokio::runtime::Handle::current();
         let alive = ended.clone();
-        let end = Undo::new(move || {
+        let stop = Undo::new(move || {
             // The keep-alive task gone with the session still on: its
             // runtime has shut down (and the client's connections with it).
             let runtime_gone = alive.has_changed().is_err() && !*alive.borrow();
@@ -103,14 +106,29 @@ impl Session {
         Ok(Session {
             lease,
             ended,
+            end,
             held,
-            _end: end,
+            _end: stop,
         })
     }
 
     /// Whether the session is over.
     pub(super) fn is_over(&self) -> bool {
         *self.ended.borrow()
+    }
+
+    /// Ends the session now (etcd said its lease is gone): its locks are
+    /// lost, and the next acquisition grants a new lease.
+    pub(super) fn end(&self, why: &str) {
+        if !self.is_over() {
+            tracing::warn!(
+                lease = format_args!("{:x}", self.lease),
+                why,
+                "dbmutex: etcd session over; its locks are lost"
+            );
+        }
+        self.held.end();
+        let _ = self.end.send(true);
     }
 
     /// A receiver that turns `true` when the session is over.
