@@ -783,13 +783,18 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     // etcd: the keys of killed workers go with their leases, within the
     // TTL (10 s) of their last keep-alive.
     let gone = Instant::now();
-    while on_etcd {
-        leaks_after = tokio::task::spawn_blocking(move || etcd::keys(run)).await??.len() as i64;
-        if leaks_after == 0 || gone.elapsed() > Duration::from_secs(15) {
-            eprintln!("chaos: etcd keys of the run gone after {:?}", gone.elapsed());
-            break;
+    if on_etcd {
+        loop {
+            leaks_after = tokio::task::spawn_blocking(move || etcd::keys(run)).await??.len() as i64;
+            if leaks_after == 0 || gone.elapsed() > Duration::from_secs(15) {
+                eprintln!(
+                    "chaos: {leaks_after} etcd keys of the run left after {:?}",
+                    gone.elapsed()
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     for i in (0..names).filter(|_| !on_etcd) {
         let (k1, k2, sub) = dbmutex::key::pg_key(&name_of(run, i).into(), &prefix).pg_locks_ids();

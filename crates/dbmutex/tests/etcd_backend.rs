@@ -202,6 +202,18 @@ fn lease_of(key: &str) -> String {
     last.split('-').next().unwrap().to_owned()
 }
 
+/// `g` is told its lock is lost within one keep-alive period (1 s by
+/// default) plus a round trip of `since` (`what` happened then).
+async fn told_within_a_keepalive(g: &dbmutex::LockGuard, since: Instant, what: &str) {
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .unwrap_or_else(|_| panic!("a {what} must be reported lost"));
+    let told = since.elapsed();
+    eprintln!("etcd: {what} reported lost after {told:?}");
+    assert!(told < Duration::from_millis(1500), "{told:?}");
+    assert!(!g.is_held());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_is_reported_lost_within_a_keepalive() {
     let etcd = PrivateEtcd::shared();
@@ -211,15 +223,7 @@ async fn a_revoked_lease_is_reported_lost_within_a_keepalive() {
     let g = a.lock(name.as_str()).await.unwrap();
     let keys = keys_under(etcd, &prefix).await;
     etcd.etcdctl(&["lease", "revoke", &lease_of(&keys[0])]);
-    let revoked = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("a revoked lease must be reported lost");
-    let told = revoked.elapsed();
-    eprintln!("etcd: revoked lease reported lost after {told:?}");
-    // One keep-alive period (1 s by default) plus a round trip.
-    assert!(told < Duration::from_millis(1500), "{told:?}");
-    assert!(!g.is_held());
+    told_within_a_keepalive(&g, Instant::now(), "revoked lease").await;
     drop(g);
     let other = b
         .try_lock(name.as_str())
@@ -246,15 +250,7 @@ async fn a_key_deleted_by_another_client_is_reported_lost_within_a_keepalive() {
     let keys = keys_under(etcd, &prefix).await;
     assert_eq!(keys.len(), 1, "{keys:?}");
     etcd.etcdctl(&["del", &keys[0]]);
-    let deleted = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("a deleted key must be reported lost");
-    let told = deleted.elapsed();
-    eprintln!("etcd: deleted key reported lost after {told:?}");
-    // One keep-alive period (1 s by default) plus a round trip or two.
-    assert!(told < Duration::from_millis(1500), "{told:?}");
-    assert!(!g.is_held());
+    told_within_a_keepalive(&g, Instant::now(), "deleted key").await;
     assert!(kept.is_held(), "the session's other lock is not lost");
     // The name is free for another locker meanwhile; the lost guard's
     // release does not take that holder's key.
