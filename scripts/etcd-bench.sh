@@ -15,7 +15,7 @@
 #
 # Environment: DATABASE_URL (PostgreSQL; PG=0 skips it), ROUNDS, DURATION,
 # CLIENTS (contended tasks, each on a locker of its own, like processes),
-# FLEET_PROCS (FLEET=0 skips the fleet), OUT (directory for the JSON lines),
+# FLEET_PROCS (FLEET=0 skips the fleet; SCENARIOS=0 runs only the fleet), OUT (directory for the JSON lines),
 # DBMUTEX_ETCD_BINDIR (etcd programs, else PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-8}
+SCENARIOS=${SCENARIOS:-1}
 FLEET=${FLEET:-1}
 FLEET_PROCS=${FLEET_PROCS:-"2 50 200"}
 PG=${PG:-1}
@@ -68,6 +69,7 @@ echo "== $(nproc) cores, $(uname -sr); etcd $("$(bin etcd)" --version | awk '/et
 echo "== JSON lines in $OUT"
 common=(--duration "$DURATION" --clients "$CLIENTS" --lockers "$CLIENTS" --json)
 for r in $(seq "$ROUNDS"); do
+    [ "$SCENARIOS" = 1 ] || break
     echo "-- round $r: etcd" >&2
     "$BENCH" --database-url "$ETCD_URL" --scenario all "${common[@]}" | jq -c ". + {round: $r}" >>"$OUT/scenarios.jsonl"
     if [ "$PG" = 1 ]; then
@@ -78,6 +80,7 @@ for r in $(seq "$ROUNDS"); do
     fi
 done
 
+if [ "$SCENARIOS" = 1 ]; then
 # Medians (range) per backend and scenario row; ratios to the floor of the
 # same backend and round (PostgreSQL's scenarios run one process each).
 jq -rs '
@@ -95,6 +98,7 @@ jq -rs '
   | group_by([.backend, .scenario, .clients, (.waiter // .strategy // "")])[]
   | "\(.[0].backend)\t\(.[0].scenario)\t\(.[0].clients)\t\(.[0].waiter // .[0].strategy // "")\tops/s \(mr(.ops_per_s | round))\tp50 µs \(mr(.p50_us))\tp99 µs \(mr(.p99_us))\tratio \(mr(.ratio_to_floor))\tcontended ratio \(mr(.ratio_to_contended_floor))\thandoff p50 µs \(mr(.handoff_p50_us))\tshare \(mr(.handoff_share))\tmax wait ms \(mr(.max_wait_ms))"
 ' "$OUT/scenarios.jsonl" | column -t -s $'\t'
+fi
 
 [ "$FLEET" = 1 ] || exit 0
 echo "== fleet on etcd: raw concurrency.Mutex processes, then dbmutex, per round; server CPU = the 3 members'"
