@@ -20,7 +20,9 @@
 //! - **In-process first.** Tasks of one locker take the in-process hold
 //!   before they put a key, and a grant gives it back only once its key is
 //!   deleted: a locker never queues behind its own unlock in flight.
-//! - **Release** deletes the key; a dropped guard deletes it in the
+//! - **Release** deletes the key (and answers [`Error::LockLost`] if it
+//!   was gone already: its lease revoked, or deleted by someone else); a
+//!   dropped guard deletes it in the
 //!   background (on the runtime it was taken on). A delete etcd does not
 //!   confirm is retried every second until it is, or the lease ends. With
 //!   that runtime gone, the session revokes its lease from a thread of its
