@@ -7,6 +7,12 @@
 #
 #   scripts/chaos.sh [--short]   about 60 s, one server restart (CI runs this)
 #   scripts/chaos.sh --long      600 s, a server restart every 120 s
+#   scripts/chaos.sh --etcd [--short|--long]
+#                                the same on a private 3-member etcd (the marks
+#                                stay in the private PostgreSQL): lease revokes
+#                                of random holders instead of terminates, and
+#                                every 10 s a member killed (-9) and restarted,
+#                                the leader every other time
 #   extra arguments go to `chaos run` (--secs N --restarts N --workers N --tasks N --names N)
 #
 # The faults hit a PRIVATE PostgreSQL that this script starts (initdb into
@@ -21,9 +27,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=--short
-case "${1:-}" in
-  --short|--long) mode=$1; shift ;;
-esac
+etcd=0
+while :; do
+  case "${1:-}" in
+    --short|--long) mode=$1; shift ;;
+    --etcd) etcd=1; shift ;;
+    *) break ;;
+  esac
+done
 
 say() { printf 'chaos.sh: %s\n' "$*" >&2; }
 
@@ -80,8 +91,77 @@ stop_private_pg() {
   fi
 }
 
+# A private 3-member etcd on free 127.0.0.1 ports (data in a temp dir,
+# removed at exit), and a helper that kills one member (`leader` or
+# `random`) with SIGKILL and starts it again on its data.
+start_private_etcd() {
+  ETCD_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dbmutex-private-etcd-chaos-XXXXXX")
+  local i ports=() cluster="" endpoints=""
+  for i in 0 1 2 3 4 5; do
+    ports+=("$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')")
+  done
+  for i in 0 1 2; do
+    cluster+="${cluster:+,}m$i=http://127.0.0.1:${ports[$((i + 3))]}"
+    endpoints+="${endpoints:+,}http://127.0.0.1:${ports[$i]}"
+  done
+  cat >"$ETCD_DIR/member.sh" <<SH
+#!/usr/bin/env bash
+# member.sh start|leader|random|N: start member N, or kill one and restart it.
+set -euo pipefail
+client=(${ports[0]} ${ports[1]} ${ports[2]}); peer=(${ports[3]} ${ports[4]} ${ports[5]})
+run() {
+  local state=\$2
+  etcd --name "m\$1" --data-dir "$ETCD_DIR/m\$1" \\
+    --listen-client-urls "http://127.0.0.1:\${client[\$1]}" --advertise-client-urls "http://127.0.0.1:\${client[\$1]}" \\
+    --listen-peer-urls "http://127.0.0.1:\${peer[\$1]}" --initial-advertise-peer-urls "http://127.0.0.1:\${peer[\$1]}" \\
+    --initial-cluster "$cluster" --initial-cluster-state "\$state" --initial-cluster-token "chaos-$$" \\
+    --heartbeat-interval 50 --election-timeout 500 >>"$ETCD_DIR/m\$1.log" 2>&1 &
+  echo \$! >"$ETCD_DIR/m\$1.pid"
+}
+healthy() {
+  for _ in \$(seq 150); do
+    ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --command-timeout=1s endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+case "\$1" in
+  start) for i in 0 1 2; do run "\$i" new; done; healthy; exit ;;
+  leader) i=\$(ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --command-timeout=2s endpoint status 2>/dev/null |
+              awk -F', ' '\$5 == "true" { print \$1 }' | sed 's/.*://' | head -n1)
+          for j in 0 1 2; do [ "\${client[\$j]}" = "\$i" ] && i=\$j && break; done ;;
+  random) i=\$((RANDOM % 3)) ;;
+  *) i=\$1 ;;
+esac
+case "\$i" in 0|1|2) ;; *) i=0 ;; esac
+kill -9 "\$(cat "$ETCD_DIR/m\$i.pid")" 2>/dev/null || true
+sleep 1
+run "\$i" existing
+healthy
+SH
+  chmod +x "$ETCD_DIR/member.sh"
+  "$ETCD_DIR/member.sh" start || { tail -n 20 "$ETCD_DIR"/m*.log >&2; exit 1; }
+  export DBMUTEX_CHAOS_LOCK_URL="etcd://${endpoints//http:\/\//}"
+  export DBMUTEX_CHAOS_MEMBER_CMD="$ETCD_DIR/member.sh"
+  say "private etcd (3 members) at $DBMUTEX_CHAOS_LOCK_URL ($ETCD_DIR)"
+}
+
+stop_private_etcd() {
+  if [ -n "${ETCD_DIR:-}" ]; then
+    for f in "$ETCD_DIR"/m*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
+    rm -rf "$ETCD_DIR"
+  fi
+  return 0
+}
+
 if [ -z "${DBMUTEX_CHAOS_PG_URL:-}" ]; then
   start_private_pg
 fi
-cargo build -q -p dbmutex --example chaos
+features=()
+if [ "$etcd" = 1 ]; then
+  trap 'stop_private_etcd; stop_private_pg' EXIT
+  start_private_etcd
+  features=(--features etcd)
+fi
+cargo build -q -p dbmutex "${features[@]}" --example chaos
 "${CARGO_TARGET_DIR:-target}/debug/examples/chaos" run "$mode" "$@"

@@ -4,8 +4,9 @@
 # Makes sure PostgreSQL (127.0.0.1:5432, database `test`) and MariaDB
 # (127.0.0.1:3306, database `test`) answer, starting them or installing them
 # from Debian's packages when absent, and that pgbouncer, pgpool2, openssl,
-# flock(1), faketime, etcd (etcd-server, etcd-client) and protoc
-# (protobuf-compiler, which the `etcd` feature's build needs) are installed
+# flock(1), faketime, etcd (etcd-server, etcd-client), protoc
+# (protobuf-compiler, which the `etcd` feature's build needs), iproute2 and
+# nftables (the silent-partition tests) are installed
 # (the pooler tests start their own pgbouncer or pgpool, the etcd tests a
 # private 3-member cluster; the cron test plays hosts with skewed clocks). Then
 # runs `cargo test --workspace --all-features --no-fail-fast` (every optional
@@ -107,6 +108,10 @@ ensure_tools() {
   command -v etcd >/dev/null || { say "installing etcd-server"; apt_install etcd-server; }
   command -v etcdctl >/dev/null || { say "installing etcd-client"; apt_install etcd-client; }
   command -v protoc >/dev/null || { say "installing protobuf-compiler"; apt_install protobuf-compiler; }
+  # The silent partitions: `ip netns` and blackhole rules (iproute2), and
+  # nftables to drop one etcd member's packets (tests/common/netns.rs).
+  command -v ip >/dev/null || { say "installing iproute2"; apt_install iproute2; }
+  command -v nft >/dev/null || { say "installing nftables"; apt_install nftables; }
 }
 
 if [ "${DBMUTEX_SKIP_SERVICES:-}" != 1 ]; then

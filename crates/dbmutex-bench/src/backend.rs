@@ -6,12 +6,16 @@ use dbmutex::BackendKind;
 /// The backend `url` names ([`BackendKind::from_url`], any case of the
 /// scheme); an error naming the schemes the bench runs on otherwise.
 pub fn kind_of(url: &str) -> anyhow::Result<BackendKind> {
-    BackendKind::from_url(url).ok_or_else(|| {
+    let kind = BackendKind::from_url(url).ok_or_else(|| {
         anyhow!(
-            "unsupported URL {}: use postgres://, mysql://, mariadb:// or file://",
+            "unsupported URL {}: use postgres://, mysql://, mariadb://, etcd:// or file://",
             dbmutex::redact_url(url)
         )
-    })
+    })?;
+    if kind == BackendKind::Etcd && !cfg!(feature = "etcd") {
+        anyhow::bail!("etcd:// URLs need the bench built with `--features etcd`");
+    }
+    Ok(kind)
 }
 
 /// The URL to use for every connection of the run. A PostgreSQL URL without

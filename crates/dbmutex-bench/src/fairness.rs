@@ -27,6 +27,9 @@ enum Contender {
     Locker(dbmutex::Locker, LockOptions, String),
     Pg(tokio_postgres::Client, [tokio_postgres::Statement; 2], (i32, i32)),
     My(mysql_async::Conn, String),
+    /// etcd's own `concurrency.Mutex` on its queue prefix.
+    #[cfg(feature = "etcd")]
+    Etcd(Box<crate::raw_etcd::EtcdMutex>, String),
 }
 
 impl Contender {
@@ -50,6 +53,11 @@ impl Contender {
                 anyhow::ensure!(got == Some(1), "GET_LOCK answered {got:?}");
                 Ok(None)
             }
+            #[cfg(feature = "etcd")]
+            Contender::Etcd(m, prefix) => {
+                m.lock(prefix).await?;
+                Ok(None)
+            }
         }
     }
 
@@ -65,6 +73,8 @@ impl Contender {
             Contender::My(c, name) => {
                 mysql_async::prelude::Queryable::exec_drop(c, "DO RELEASE_LOCK(?)", (name.as_str(),)).await?;
             }
+            #[cfg(feature = "etcd")]
+            Contender::Etcd(m, _) => m.unlock().await?,
         }
         Ok(())
     }
@@ -151,10 +161,10 @@ async fn fairness_of(env: &Env, raw: bool) -> anyhow::Result<Row> {
     if raw {
         row.set(
             "waiter",
-            if env.kind == BackendKind::Postgres {
-                "raw pg_advisory_lock"
-            } else {
-                "raw GET_LOCK"
+            match env.kind {
+                BackendKind::Postgres => "raw pg_advisory_lock",
+                BackendKind::Etcd => "raw etcd concurrency.Mutex",
+                _ => "raw GET_LOCK",
             },
         );
     } else {
@@ -165,6 +175,11 @@ async fn fairness_of(env: &Env, raw: bool) -> anyhow::Result<Row> {
 
 /// A raw session that blocks in the server for `name`'s lock.
 async fn raw_contender(env: &Env, app: &str, name: &str) -> anyhow::Result<Contender> {
+    #[cfg(feature = "etcd")]
+    if env.kind == BackendKind::Etcd {
+        let m = crate::raw_etcd::EtcdMutex::new(crate::raw_etcd::connect(&env.url).await?).await?;
+        return Ok(Contender::Etcd(Box::new(m), crate::raw_etcd::queue(name)));
+    }
     if env.kind == BackendKind::Mysql {
         return Ok(Contender::My(raw::my_connect(&env.url).await?, name.to_owned()));
     }

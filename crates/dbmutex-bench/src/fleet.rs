@@ -10,6 +10,12 @@
 //! at the shared end, prints its waits (µs) on one line, and keeps its
 //! connection until its stdin closes, so the parent reads the backends' CPU
 //! with every connection still there.
+//!
+//! On etcd the raw side is etcd's own `concurrency.Mutex` (see
+//! [`crate::raw_etcd`]), one session per process, and the server's CPU is
+//! that of the processes whose ids `DBMUTEX_BENCH_SERVER_PIDS` lists (the
+//! members, as `scripts/etcd-bench.sh` starts them); without it, none is
+//! reported.
 
 use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
@@ -72,6 +78,21 @@ pub async fn worker(
             wait_for_eof();
             drop(locker);
         }
+        #[cfg(feature = "etcd")]
+        Side::Raw if url.starts_with("etcd") => {
+            let client = crate::raw_etcd::connect(url).await?;
+            let mut m = crate::raw_etcd::EtcdMutex::new(client).await?;
+            let prefix = crate::raw_etcd::queue(name);
+            ready(&out, start_ms).await?;
+            while epoch_ms() < end_ms {
+                let t = Instant::now();
+                m.lock(&prefix).await?;
+                waits.record(t.elapsed());
+                m.unlock().await?;
+            }
+            report(&out, &waits)?;
+            wait_for_eof();
+        }
         Side::Raw => {
             let client = crate::raw::pg_connect(url, app).await?;
             let (k1, k2) = match dbmutex::key::pg_key(&lock_name, &dbmutex::Prefix::from_env()) {
@@ -130,9 +151,18 @@ fn wait_for_eof() {
     while std::io::stdin().lock().read_line(&mut sink).is_ok_and(|n| n > 0) {}
 }
 
-/// The CPU time (ms) of the server backends of `app`, read from `/proc`.
+/// The CPU time (ms) of the server backends of `app` (PostgreSQL), or of
+/// the processes `DBMUTEX_BENCH_SERVER_PIDS` lists (else none), read from
+/// `/proc`.
 async fn backends_cpu_ms(env: &Env, app: &str) -> anyhow::Result<(f64, usize)> {
-    let pids = env.probe.pg_backend_pids(app).await?;
+    let pids: Vec<i32> = match env.kind {
+        dbmutex::BackendKind::Postgres => env.probe.pg_backend_pids(app).await?,
+        _ => std::env::var("DBMUTEX_BENCH_SERVER_PIDS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+    };
     // SAFETY: sysconf has no preconditions.
     let tick = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
         t if t > 0 => t as f64,
@@ -246,7 +276,7 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     row.set("side", side.as_str());
     row.set("names", names as u64);
     row.set("backends", backends as u64);
-    if ops > 0.0 {
+    if ops > 0.0 && backends > 0 {
         row.set("server_cpu_ms_per_acq", round((cpu1 - cpu0) / ops, 4));
         row.set(
             "client_cpu_ms_per_acq",
@@ -258,8 +288,11 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
 
 /// The fleet scenario: raw floor first, then dbmutex, same N and names.
 pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<Row>> {
-    if env.kind != dbmutex::BackendKind::Postgres {
-        bail!("fleet measures PostgreSQL (the server's CPU is read from its backends' /proc entries)");
+    if !matches!(
+        env.kind,
+        dbmutex::BackendKind::Postgres | dbmutex::BackendKind::Etcd
+    ) {
+        bail!("fleet measures PostgreSQL and etcd");
     }
     let raw = run_side(env, Side::Raw, procs, names).await?;
     let mut ours = run_side(env, Side::Dbmutex, procs, names).await?;

@@ -9,6 +9,10 @@
 //!   dbmutex sends them — unnamed (`query_typed`: parse, bind and execute in
 //!   one round trip) with the lock name in an SQL comment — to tell the
 //!   statement form's cost from the library's own.
+//! - etcd: `rtt` is one linearizable read of a key; `floor` etcd's own
+//!   `concurrency.Mutex` cycle ([`crate::raw_etcd`]) on a queue of each
+//!   client's own; `floor-contended` the same cycle by every client on one
+//!   queue (the floor the `contended` scenario is judged beside).
 
 use std::sync::Arc;
 
@@ -39,6 +43,17 @@ pub async fn rtt(env: &Env) -> anyhow::Result<Row> {
                     let mut t = Timer::run_for(dur);
                     while t.start() {
                         c.query_one(&one, &[]).await?;
+                        t.stop();
+                    }
+                    Ok(t.finish())
+                }
+                #[cfg(feature = "etcd")]
+                BackendKind::Etcd => {
+                    let mut kv = crate::raw_etcd::connect(&url).await?.kv_client();
+                    barrier.wait().await;
+                    let mut t = Timer::run_for(dur);
+                    while t.start() {
+                        kv.get("dbmutex-bench-rtt", None).await?;
                         t.stop();
                     }
                     Ok(t.finish())
@@ -103,6 +118,31 @@ pub async fn floor(env: &Env, n: usize) -> anyhow::Result<Row> {
     Ok(row)
 }
 
+/// etcd: `n` raw sessions, each its own connection, cycling on one queue.
+#[cfg(feature = "etcd")]
+pub async fn floor_contended(env: &Env, n: usize) -> anyhow::Result<Row> {
+    let (url, dur) = (env.url.clone(), env.p.duration);
+    let prefix = crate::raw_etcd::queue(&env.name("floor-c", 0));
+    let s = clients::run(n, move |_, barrier| {
+        let (url, prefix) = (url.clone(), prefix.clone());
+        async move {
+            let mut m = crate::raw_etcd::EtcdMutex::new(crate::raw_etcd::connect(&url).await?).await?;
+            barrier.wait().await;
+            let mut t = Timer::run_for(dur);
+            while t.start() {
+                m.lock(&prefix).await?;
+                t.stop();
+                m.unlock().await?;
+            }
+            Ok(t.finish())
+        }
+    })
+    .await?;
+    let mut row = Row::new("floor-contended", env.kind.as_str(), n, s.lat, s.seconds);
+    row.connections = Some(n as i64);
+    Ok(row)
+}
+
 async fn pg_unnamed_client(
     url: &str,
     app: &str,
@@ -151,6 +191,12 @@ pub enum RawCycle {
         unlock: mysql_async::Statement,
         name: String,
     },
+    /// etcd's `concurrency.Mutex` on a queue of its own.
+    #[cfg(feature = "etcd")]
+    Etcd {
+        m: Box<crate::raw_etcd::EtcdMutex>,
+        prefix: String,
+    },
 }
 
 impl RawCycle {
@@ -173,6 +219,11 @@ impl RawCycle {
                     key: floor_key(i),
                 }
             }
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd => RawCycle::Etcd {
+                m: Box::new(crate::raw_etcd::EtcdMutex::new(crate::raw_etcd::connect(url).await?).await?),
+                prefix: crate::raw_etcd::queue(name),
+            },
             _ => {
                 let mut c = raw::my_connect(url).await?;
                 let lock = c.prep("SELECT GET_LOCK(?, 0)").await?;
@@ -213,6 +264,11 @@ impl RawCycle {
                     freed == Some(Some(1)),
                     "floor lock {name:?} was not held at release"
                 );
+            }
+            #[cfg(feature = "etcd")]
+            RawCycle::Etcd { m, prefix } => {
+                m.lock(prefix).await?;
+                m.unlock().await?;
             }
         }
         Ok(())

@@ -10,6 +10,8 @@ mod floor;
 mod paired;
 mod probe;
 mod raw;
+#[cfg(feature = "etcd")]
+mod raw_etcd;
 mod report;
 mod scenarios;
 mod stats;
@@ -30,7 +32,8 @@ use scenarios::{Env, Params};
 #[derive(Parser, Debug)]
 #[command(name = "dbmutex-bench", version)]
 struct Cli {
-    /// postgres://…, mysql://… or file:///lock/dir. A PostgreSQL URL without
+    /// postgres://…, mysql://…, etcd://host:port[,host:port…] (feature
+    /// `etcd`) or file:///lock/dir. A PostgreSQL URL without
     /// sslmode is used with sslmode=disable (the floor is plaintext).
     #[arg(long)]
     database_url: String,
@@ -187,7 +190,13 @@ fn fleet_worker(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let url = backend::run_url(&cli.database_url, BackendKind::Postgres);
+    let url = match backend::kind_of(&cli.database_url) {
+        Ok(kind) => backend::run_url(&cli.database_url, kind),
+        Err(e) => {
+            eprintln!("dbmutex-bench: fleet worker: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     match rt.block_on(fleet::worker(
         &url,
         side,
@@ -304,6 +313,9 @@ fn applies(s: Scenario, kind: BackendKind) -> bool {
             Scenario::Uncontended | Scenario::Contended | Scenario::Fairness
         ),
         BackendKind::Postgres => true,
+        // Many-keys and hold-many would measure etcd's write rate, not the
+        // lock; the fleet reads the members' CPU from the pids it is given.
+        BackendKind::Etcd => !matches!(s, Scenario::Foreign | Scenario::ManyKeys | Scenario::HoldMany),
         _ => !matches!(s, Scenario::Foreign | Scenario::Fleet),
     }
 }
@@ -332,6 +344,11 @@ async fn run_one(env: &Env, s: Scenario) -> anyhow::Result<Vec<Row>> {
             rows.insert(0, plain);
             rows
         }
+        #[cfg(feature = "etcd")]
+        Scenario::Contended if env.kind == BackendKind::Etcd => vec![
+            floor::floor_contended(env, env.p.clients).await?,
+            scenarios::contended(env).await?,
+        ],
         Scenario::Contended => vec![scenarios::contended(env).await?],
         Scenario::ManyKeys => vec![scenarios::many_keys(env).await?],
         Scenario::HoldMany => vec![scenarios::hold_many(env).await?],
@@ -352,6 +369,7 @@ struct Output {
     rtt_us: Option<u32>,
     floor_1: Option<f64>,
     floor_n: Option<f64>,
+    floor_contended: Option<f64>,
 }
 
 impl Output {
@@ -362,6 +380,7 @@ impl Output {
             rtt_us: None,
             floor_1: None,
             floor_n: None,
+            floor_contended: None,
         }
     }
 
@@ -392,9 +411,13 @@ impl Output {
                     row.set("ratio_to_floor", r);
                 }
             }
+            "floor-contended" => self.floor_contended = Some(row.ops_per_s()),
             "uncontended" | "contended" => {
                 if let Some(r) = ratio(row.ops_per_s(), self.floor_1) {
                     row.set("ratio_to_floor", r);
+                }
+                if let (Some(r), "contended") = (ratio(row.ops_per_s(), self.floor_contended), row.scenario) {
+                    row.set("ratio_to_contended_floor", r);
                 }
             }
             "many-keys" => {

@@ -10,6 +10,8 @@
 //! drop every packet to or from 127.0.0.2 without a reset, while the
 //! contender reaches the server through 127.0.0.1.
 
+#[path = "../../dbmutex/tests/common/netns.rs"]
+mod netns;
 #[path = "../../dbmutex/tests/common/pgbouncer.rs"]
 mod pgbouncer;
 #[path = "../../dbmutex/tests/common/private.rs"]
@@ -298,62 +300,6 @@ fn tempfile_dir(tag: &str) -> std::path::PathBuf {
     d
 }
 
-/// Runs this test binary's test `name` again inside a fresh network
-/// namespace (`ip netns`), with 127.0.0.2 on its loopback and the local
-/// routing table moved behind room for blackhole rules, and fails unless
-/// it passed there. The namespace is removed afterwards.
-fn in_netns(name: &str) {
-    // One namespace per test: the two partition tests may run at once.
-    let tag = if name.contains("postgres") { "pg" } else { "my" };
-    let ns = format!("dbmutex-{}-{tag}", std::process::id());
-    let sh = |cmd: &str| {
-        let s = Command::new("sh").arg("-c").arg(cmd).status().unwrap();
-        assert!(s.success(), "{cmd}: {s}");
-    };
-    sh(&format!("ip netns add {ns}"));
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-    let _gone = Gone(ns.clone());
-    let x = |cmd: &str| sh(&format!("ip netns exec {ns} {cmd}"));
-    x("ip link set lo up");
-    x("ip addr add 127.0.0.2/8 dev lo");
-    x("ip rule add prio 1000 lookup local");
-    x("ip rule del prio 0");
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
-        .env("DBMUTEX_TEST_IN_NETNS", &ns)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{text}");
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "inside the namespace:\n{text}"
-    );
-}
-
-/// Cuts 127.0.0.2 off, in both directions, with no reset: a silent partition.
-fn partition() {
-    for rule in ["prio 1 to 127.0.0.2 blackhole", "prio 2 from 127.0.0.2 blackhole"] {
-        let s = Command::new("sh")
-            .arg("-c")
-            .arg(format!("ip rule add {rule}"))
-            .status()
-            .unwrap();
-        assert!(s.success(), "ip rule add {rule}");
-    }
-}
-
 /// A `dbmutex run` holding `name` for two minutes, returned once its
 /// command has started.
 fn start_holder(url: &str, name: &str, dir: &std::path::Path) -> Child {
@@ -381,7 +327,7 @@ fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
     let mut holder = start_holder(holder_url, name, &dir);
     // Let the holder settle into its keepalive rhythm.
     std::thread::sleep(Duration::from_millis(500));
-    partition();
+    netns::partition();
     let cut = Instant::now();
     let got = dir.join("got");
     let mut contender = dbmutex(contender_url)
@@ -410,8 +356,8 @@ fn partitioned_holder(holder_url: &str, contender_url: &str, name: &str) {
 
 #[test]
 fn a_partitioned_holder_loses_its_lock_on_the_postgres_server() {
-    if std::env::var_os("DBMUTEX_TEST_IN_NETNS").is_none() {
-        return in_netns("a_partitioned_holder_loses_its_lock_on_the_postgres_server");
+    if !netns::inside() {
+        return netns::in_netns("a_partitioned_holder_loses_its_lock_on_the_postgres_server");
     }
     let pg = PrivatePg::start(&[("listen_addresses", "'127.0.0.1,127.0.0.2'")]);
     let holder_url = pg.url().replace("@127.0.0.1:", "@127.0.0.2:");
@@ -420,8 +366,8 @@ fn a_partitioned_holder_loses_its_lock_on_the_postgres_server() {
 
 #[test]
 fn a_partitioned_holder_loses_its_lock_on_the_mariadb_server() {
-    if std::env::var_os("DBMUTEX_TEST_IN_NETNS").is_none() {
-        return in_netns("a_partitioned_holder_loses_its_lock_on_the_mariadb_server");
+    if !netns::inside() {
+        return netns::in_netns("a_partitioned_holder_loses_its_lock_on_the_mariadb_server");
     }
     let my = PrivateMariaDb::start(&["--bind-address=0.0.0.0"]);
     let holder_url = my.url().replace("@127.0.0.1:", "@127.0.0.2:");

@@ -41,6 +41,14 @@
 //! locks still held by the workers' sessions after they released everything
 //! (leaks), advisory locks on the chaos keys after they exited, and faults by
 //! kind. The run fails (exit 1) on any violation or leak.
+//!
+//! # On etcd
+//!
+//! With `DBMUTEX_CHAOS_LOCK_URL` (`scripts/chaos.sh --etcd`) the workers
+//! lock on etcd (session locks; waits in etcd's queue), the marks stay in
+//! PostgreSQL, and the server faults are lease revokes of random holders
+//! and member kills with restarts instead of terminates and server
+//! restarts; a member restart excuses no conflict. See `chaos/etcd.rs`.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -50,6 +58,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dbmutex::{Error, LockOptions, Locker, WaitStrategy};
+
+#[path = "chaos/etcd.rs"]
+mod etcd;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -180,8 +191,9 @@ async fn worker(args: &[String]) -> Result<(), BoxError> {
     }
     let app = format!("dbmutex-chaos-{run}-w{id}");
     let deadline = Instant::now() + Duration::from_secs(60);
+    let lock_url = etcd::lock_url().unwrap_or_else(|| url.clone());
     let locker = loop {
-        match Locker::builder(&url)
+        match Locker::builder(&lock_url)
             .application_name(&app)
             .keepalive(Duration::from_millis(500))
             .connect()
@@ -269,7 +281,9 @@ async fn task(
         // a try, then a wait in the server), p(olling session lock),
         // w(ait in the server at once), x (transaction, polling),
         // X (transaction, server wait).
-        let how = match rng.u8(0..10) {
+        // etcd has session locks only: no transaction locks there.
+        let kinds = if etcd::lock_url().is_some() { 8 } else { 10 };
+        let how = match rng.u8(0..kinds) {
             0..=3 => 's',
             4..=5 => 'p',
             6..=7 => 'w',
@@ -523,16 +537,17 @@ fn restart_command() -> Result<Command, BoxError> {
 /// release said so), or its worker was killed (or the server restarted)
 /// after it asked for the lock and before the intruder entered, or a
 /// terminate hit its worker in that window and the worker was killed before
-/// it could report.
+/// it could report. An etcd member restart excuses nothing: it must cost
+/// no lock.
 fn excused_sql() -> String {
     let side = |who: &str, since: &str| {
         format!(
             "EXISTS (SELECT 1 FROM chaos_lost l WHERE l.run = c.run AND l.holder = c.{who}) \
              OR EXISTS (SELECT 1 FROM chaos_faults f WHERE f.run = c.run \
                AND (f.worker IS NULL OR f.worker = split_part(substr(c.{who}, 2), '-', 1)::int) \
-               AND f.at <= c.at AND f.done >= c.{since} \
-               AND (f.kind <> 'terminate' OR EXISTS (SELECT 1 FROM chaos_faults k WHERE k.run = c.run \
-                 AND k.kind = 'kill9' AND k.worker = f.worker)))"
+               AND f.at <= c.at AND f.done >= c.{since} AND f.kind <> 'member' \
+               AND (f.kind NOT IN ('terminate', 'revoke') OR EXISTS (SELECT 1 FROM chaos_faults k \
+                 WHERE k.run = c.run AND k.kind = 'kill9' AND k.worker = f.worker)))"
         )
     };
     format!(
@@ -552,12 +567,22 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     let long = args.iter().any(|a| a == "--long");
     let secs: u64 = arg(args, "--secs", if long { 600 } else { 60 });
-    let restarts: u32 = arg(args, "--restarts", if long { (secs / 120) as u32 } else { 1 });
+    let on_etcd = etcd::lock_url().is_some();
+    // On etcd a "restart" kills and restarts one member (the leader every
+    // other time): one every 10 s of the run.
+    let every = if on_etcd { 10 } else { 120 };
+    let restarts: u32 = arg(
+        args,
+        "--restarts",
+        if long || on_etcd { (secs / every) as u32 } else { 1 },
+    );
     let workers_n: u32 = arg(args, "--workers", 4);
     let tasks: usize = arg(args, "--tasks", 4);
     let names: usize = arg(args, "--names", 3);
-    if restarts > 0 {
-        restart_command()?; // fail now, not after half the run
+    if restarts > 0 && on_etcd {
+        etcd::member_command("leader")?; // fail now, not after half the run
+    } else if restarts > 0 {
+        restart_command()?;
     }
     let run = now_us() as i64;
     let mut db = Db {
@@ -616,7 +641,44 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
         seen.take(&events);
         let now = Instant::now();
-        if restarts_done < restart_at.len() && now >= restart_at[restarts_done] {
+        if on_etcd && restarts_done < restart_at.len() && now >= restart_at[restarts_done] {
+            restarts_done += 1;
+            let which = if restarts_done % 2 == 1 {
+                "leader"
+            } else {
+                "random"
+            };
+            let mut cmd = etcd::member_command(which)?;
+            let f = db.fault(run, "member", None).await?;
+            faults.push(("member", None, now_us()));
+            eprintln!("chaos: killing and restarting the {which} etcd member");
+            let status = tokio::task::spawn_blocking(move || cmd.status()).await??;
+            if !status.success() {
+                return Err(format!("the etcd member restart failed: {status}").into());
+            }
+            db.done(f).await?;
+        }
+        if on_etcd && now >= next_terminate {
+            // A holder's lease revoked: etcd's pg_terminate_backend.
+            let heads: Vec<etcd::Key> = tokio::task::spawn_blocking(move || etcd::keys(run))
+                .await?
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|k| k.head && k.worker > 0)
+                .collect();
+            if heads.is_empty() {
+                next_terminate = now + Duration::from_millis(50);
+            } else {
+                let k = &heads[rng.usize(0..heads.len())];
+                let f = db.fault(run, "revoke", Some(k.worker)).await?;
+                faults.push(("revoke", Some(k.worker), now_us()));
+                let lease = k.lease.clone();
+                let _ = tokio::task::spawn_blocking(move || etcd::revoke(&lease)).await?;
+                db.done(f).await?;
+                next_terminate = now + Duration::from_millis(rng.u64(300..900));
+            }
+        }
+        if !on_etcd && restarts_done < restart_at.len() && now >= restart_at[restarts_done] {
             restarts_done += 1;
             let mut cmd = restart_command()?;
             let f = db.fault(run, "restart", None).await?;
@@ -629,7 +691,7 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
             db.client = None;
             db.done(f).await?;
         }
-        if now >= next_terminate {
+        if !on_etcd && now >= next_terminate {
             let victim = db
                 .get()
                 .await?
@@ -684,16 +746,21 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
         seen.take(&events);
     }
     let idle = seen.idle.len();
-    let leaks_live: i64 = db
-        .get()
-        .await?
-        .query_one(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+    let live: Vec<u32> = workers.iter().map(|w| w.id).collect();
+    let leaks_live: i64 = if on_etcd {
+        let keys = tokio::task::spawn_blocking(move || etcd::keys(run)).await??;
+        keys.iter().filter(|k| live.contains(&k.worker)).count() as i64
+    } else {
+        db.get()
+            .await?
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE l.locktype = 'advisory' AND a.application_name LIKE $1",
-            &[&app_like],
-        )
-        .await?
-        .get(0);
+                &[&app_like],
+            )
+            .await?
+            .get(0)
+    };
     for w in workers.iter_mut() {
         send(w, "exit");
         w.stdin = None;
@@ -713,7 +780,23 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     seen.take(&events);
     let prefix = dbmutex::Prefix::none();
     let mut leaks_after = 0i64;
-    for i in 0..names {
+    // etcd: the keys of killed workers go with their leases, within the
+    // TTL (10 s) of their last keep-alive.
+    let gone = Instant::now();
+    if on_etcd {
+        loop {
+            leaks_after = tokio::task::spawn_blocking(move || etcd::keys(run)).await??.len() as i64;
+            if leaks_after == 0 || gone.elapsed() > Duration::from_secs(15) {
+                eprintln!(
+                    "chaos: {leaks_after} etcd keys of the run left after {:?}",
+                    gone.elapsed()
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    for i in (0..names).filter(|_| !on_etcd) {
         let (k1, k2, sub) = dbmutex::key::pg_key(&name_of(run, i).into(), &prefix).pg_locks_ids();
         let n: i64 = db
             .get()
@@ -782,10 +865,12 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
         format!("violations={violations}"),
         format!("conflicts_excused_by_faults={excused}"),
         format!(
-            "faults: terminate={} kill9={} restart={} cancelled_acquires={}",
+            "faults: terminate={} revoke={} kill9={} restart={} member_restart={} cancelled_acquires={}",
             count("terminate"),
+            count("revoke"),
             count("kill9"),
             count("restart"),
+            count("member"),
             seen.total("cancelled")
         ),
         format!(
@@ -808,7 +893,14 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
         ),
         format!("workers_idle_at_stop={idle}/{}", workers.len()),
         format!("locks_held_by_workers_after_release={leaks_live}"),
-        format!("advisory_locks_on_chaos_keys_after_exit={leaks_after}"),
+        format!(
+            "{}={leaks_after}",
+            if on_etcd {
+                "etcd_keys_on_chaos_names_after_exit"
+            } else {
+                "advisory_locks_on_chaos_keys_after_exit"
+            }
+        ),
     ];
     for line in &report {
         println!("chaos: {line}");
@@ -830,7 +922,10 @@ async fn orchestrate(args: &[String]) -> Result<(), BoxError> {
     if sections < 1000 {
         failed.push("fewer than 1000 sections ran");
     }
-    if count("terminate") == 0 || seen.lost_at.is_empty() {
+    // On etcd a revoked holder with a short hold usually hears of it at
+    // release (its keep-alive comes later): that counts there.
+    let heard = seen.lost_at.len() as u64 + if on_etcd { seen.total("lost_at_release") } else { 0 };
+    if count("terminate") + count("revoke") == 0 || heard == 0 {
         failed.push("no lock was lost: the fault injection did not work");
     }
     if failed.is_empty() {

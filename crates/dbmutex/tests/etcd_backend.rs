@@ -1,10 +1,12 @@
 //! The etcd backend on private 3-member etcd clusters (Debian's
 //! `etcd-server`, started by the tests: see `common/private_etcd.rs`):
 //! exclusion, try-once and timeouts, first-come-first-served hand-off,
-//! release on drop, fencing tokens, loss when the lease is revoked or the
-//! cluster loses its quorum, a leader kill under load, and cancellation at
-//! each await point. Tests that leave the cluster whole share one; the
-//! destructive ones start their own.
+//! release on drop, fencing tokens, loss when the lease is revoked, the key
+//! is deleted by another client or the cluster loses its quorum, a leader
+//! killed or cut off under load, a holder whose member is cut off (packets
+//! dropped in a private network namespace: `common/netns.rs`), and
+//! cancellation at each await point. Tests that leave the cluster whole
+//! share one; the destructive ones start their own.
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::private_etcd::PrivateEtcd;
-use common::{cancel_at_each_await_point, eventually, unique, CancelAfter};
+use common::{cancel_at_each_await_point, eventually, netns, unique, CancelAfter};
 use dbmutex::{LockOptions, Locker, LockerBuilder};
 
 async fn connect(builder: LockerBuilder, etcd: &PrivateEtcd) -> Locker {
@@ -200,6 +202,18 @@ fn lease_of(key: &str) -> String {
     last.split('-').next().unwrap().to_owned()
 }
 
+/// `g` is told its lock is lost within one keep-alive period (1 s by
+/// default) plus a round trip of `since` (`what` happened then).
+async fn told_within_a_keepalive(g: &dbmutex::LockGuard, since: Instant, what: &str) {
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .unwrap_or_else(|_| panic!("a {what} must be reported lost"));
+    let told = since.elapsed();
+    eprintln!("etcd: {what} reported lost after {told:?}");
+    assert!(told < Duration::from_millis(1500), "{told:?}");
+    assert!(!g.is_held());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_is_reported_lost_within_a_keepalive() {
     let etcd = PrivateEtcd::shared();
@@ -209,15 +223,7 @@ async fn a_revoked_lease_is_reported_lost_within_a_keepalive() {
     let g = a.lock(name.as_str()).await.unwrap();
     let keys = keys_under(etcd, &prefix).await;
     etcd.etcdctl(&["lease", "revoke", &lease_of(&keys[0])]);
-    let revoked = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("a revoked lease must be reported lost");
-    let told = revoked.elapsed();
-    eprintln!("etcd: revoked lease reported lost after {told:?}");
-    // One keep-alive period (1 s by default) plus a round trip.
-    assert!(told < Duration::from_millis(1500), "{told:?}");
-    assert!(!g.is_held());
+    told_within_a_keepalive(&g, Instant::now(), "revoked lease").await;
     drop(g);
     let other = b
         .try_lock(name.as_str())
@@ -229,6 +235,35 @@ async fn a_revoked_lease_is_reported_lost_within_a_keepalive() {
     let again = a.lock(name.as_str()).await.unwrap();
     assert_ne!(lease_of(&keys_under(etcd, &prefix).await[0]), lease_of(&keys[0]));
     again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_by_another_client_is_reported_lost_within_a_keepalive() {
+    let etcd = PrivateEtcd::shared();
+    let (a, b) = (locker(etcd).await, locker(etcd).await);
+    let name = unique("deleted");
+    let prefix = a.key_of(name.as_str()).unwrap();
+    let g = a.lock(name.as_str()).await.unwrap();
+    // A second lock of the same session stays held: only the deleted key is lost.
+    let other_name = unique("deleted-other");
+    let kept = a.lock(other_name.as_str()).await.unwrap();
+    let keys = keys_under(etcd, &prefix).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    etcd.etcdctl(&["del", &keys[0]]);
+    told_within_a_keepalive(&g, Instant::now(), "deleted key").await;
+    assert!(kept.is_held(), "the session's other lock is not lost");
+    // The name is free for another locker meanwhile; the lost guard's
+    // release does not take that holder's key.
+    let next = b
+        .try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("the deleted key freed the lock");
+    drop(g.release().await);
+    assert_eq!(keys_under(etcd, &prefix).await.len(), 1);
+    assert!(next.is_held());
+    next.release().await.unwrap();
+    kept.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,84 +327,232 @@ async fn a_silent_quorum_loss_is_reported_before_the_lease_can_expire() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_kill_under_load_keeps_exclusion_and_token_order() {
-    let etcd = PrivateEtcd::start();
-    let name = unique("leader");
-    let stop = Arc::new(AtomicBool::new(false));
-    let inside = Arc::new(AtomicUsize::new(0));
-    let overlaps = Arc::new(AtomicUsize::new(0));
-    let last = Arc::new(Mutex::new(0u64));
-    let out_of_order = Arc::new(AtomicUsize::new(0));
-    let (grants, lost) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut tasks = Vec::new();
-    for _ in 0..3 {
-        let l = locker(&etcd).await;
-        let name = name.clone();
-        let (stop, inside, overlaps, last, out_of_order, grants, lost) = (
-            stop.clone(),
-            inside.clone(),
-            overlaps.clone(),
-            last.clone(),
-            out_of_order.clone(),
-            grants.clone(),
-            lost.clone(),
+/// What holders of one name saw: how many got it, two at once, a token
+/// that did not go up, a lock found lost at the end of its hold.
+#[derive(Default)]
+struct Tally {
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+    last: Mutex<u64>,
+    out_of_order: AtomicUsize,
+    grants: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Tally {
+    /// A holder with fencing token `token` is in.
+    fn enter(&self, token: u64) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let mut last = self.last.lock().unwrap();
+        if token <= *last {
+            self.out_of_order.fetch_add(1, Ordering::SeqCst);
+        }
+        *last = token;
+        self.grants.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A holder is out (released, or told it lost the lock).
+    fn leave(&self) {
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn grants(&self) -> u64 {
+        self.grants.load(Ordering::SeqCst)
+    }
+
+    /// Panics unless no two holders were in at once and every token went up.
+    fn assert_exclusive(&self) {
+        assert_eq!(self.overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+        assert_eq!(
+            self.out_of_order.load(Ordering::SeqCst),
+            0,
+            "a token did not increase"
         );
-        tasks.push(tokio::spawn(async move {
-            let opts = LockOptions::new().fenced(true).timeout(Duration::from_secs(10));
-            while !stop.load(Ordering::SeqCst) {
-                let g = l
-                    .acquire(name.as_str(), &opts)
-                    .await
-                    .unwrap()
-                    .expect("within 10 s");
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                {
-                    let mut last = last.lock().unwrap();
-                    if g.fence().unwrap() <= *last {
-                        out_of_order.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Lockers contending for one name in a loop (fenced, each wait at most
+/// 15 s, each hold 10 ms), counted in a [`Tally`], until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(lockers: Vec<Locker>, name: &str, tally: Arc<Tally>) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = lockers
+            .into_iter()
+            .map(|l| {
+                let (name, stop, tally) = (name.to_owned(), stop.clone(), tally.clone());
+                tokio::spawn(async move {
+                    let opts = LockOptions::new().fenced(true).timeout(Duration::from_secs(15));
+                    while !stop.load(Ordering::SeqCst) {
+                        let g = l
+                            .acquire(name.as_str(), &opts)
+                            .await
+                            .unwrap()
+                            .expect("within 15 s");
+                        tally.enter(g.fence().unwrap());
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        if !g.is_held() {
+                            tally.lost.fetch_add(1, Ordering::SeqCst);
+                        }
+                        tally.leave();
+                        drop(g.release().await);
                     }
-                    *last = g.fence().unwrap();
-                }
-                grants.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                if !g.is_held() {
-                    lost.fetch_add(1, Ordering::SeqCst);
-                }
-                inside.fetch_sub(1, Ordering::SeqCst);
-                drop(g.release().await);
-            }
-        }));
+                })
+            })
+            .collect();
+        Load { stop, tally, tasks }
     }
+
+    /// Stops the loops and waits for them; the tally.
+    async fn stop(self) -> Arc<Tally> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        self.tally
+    }
+}
+
+/// Three lockers on every member in a [`Load`] on one name; `fault` (a
+/// member's index → what was done) hits the leader after 1.5 s; 4 s later
+/// the loops stop. Asserts exclusion, token order, progress before and
+/// after, and no lease lost.
+async fn leader_fault_under_load(etcd: &PrivateEtcd, what: &str, fault: impl FnOnce(usize)) {
+    let name = unique("leader");
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(locker(etcd).await);
+    }
+    let load = Load::start(lockers, &name, Arc::default());
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = grants.load(Ordering::SeqCst);
-    let leader = etcd.leader();
-    etcd.kill(leader);
-    let killed = Instant::now();
+    let before = load.tally.grants();
+    fault(etcd.leader());
+    let hit = Instant::now();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let after = grants.load(Ordering::SeqCst) - before;
+    let tally = load.stop().await;
+    let after = tally.grants() - before;
+    let lost = tally.lost.load(Ordering::SeqCst);
     eprintln!(
-        "etcd leader kill: {before} grants before, {after} in the {:?} after; {} lost",
-        killed.elapsed(),
-        lost.load(Ordering::SeqCst)
+        "etcd leader {what}: {before} grants before, {after} in the {:?} after; {lost} lost",
+        hit.elapsed(),
     );
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
-    assert_eq!(out_of_order.load(Ordering::SeqCst), 0, "a token did not increase");
+    tally.assert_exclusive();
     assert!(
         before > 10 && after > 10,
         "too few grants: {before} before, {after} after"
     );
-    assert_eq!(
-        lost.load(Ordering::SeqCst),
-        0,
-        "a leader change must not end a lease"
-    );
+    assert_eq!(lost, 0, "a leader change must not end a lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_kill_under_load_keeps_exclusion_and_token_order() {
+    let etcd = PrivateEtcd::start();
+    leader_fault_under_load(&etcd, "kill", |i| etcd.kill(i)).await;
+}
+
+/// Member `i` of a partitionable cluster runs as group `GROUPS + i`.
+const GROUPS: u32 = 47_000;
+
+/// A runtime for a test that re-runs itself in a network namespace (a
+/// plain `#[test]`: the re-run blocks).
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// In the namespace: a cut ready for each member, and the cluster.
+fn partitionable() -> (Vec<netns::Cut>, PrivateEtcd) {
+    let cuts = (0..3).map(|i| netns::Cut::prepare(GROUPS + i)).collect();
+    (cuts, PrivateEtcd::start_partitionable(GROUPS))
+}
+
+#[test]
+fn a_cut_off_leader_under_load_keeps_exclusion_and_token_order() {
+    if !netns::inside() {
+        return netns::in_netns("a_cut_off_leader_under_load_keeps_exclusion_and_token_order");
+    }
+    let (cuts, etcd) = partitionable();
+    rt().block_on(async {
+        // Every packet to and from the leader dropped: its clients' requests
+        // and watches hang instead of failing.
+        leader_fault_under_load(&etcd, "cut off", |i| cuts[i].cut()).await;
+        cuts.iter().for_each(netns::Cut::heal);
+        comes_free(
+            locker(&etcd).await,
+            &unique("healed"),
+            "the healed cluster serves",
+        )
+        .await;
+    });
+}
+
+#[test]
+fn a_holder_whose_member_is_cut_off_is_told_before_anyone_else_gets_in() {
+    if !netns::inside() {
+        return netns::in_netns("a_holder_whose_member_is_cut_off_is_told_before_anyone_else_gets_in");
+    }
+    let (cuts, etcd) = partitionable();
+    rt().block_on(async {
+        // TTL 4 s: the holder must be told within half of it (plus a
+        // keep-alive period), before etcd can free the lock.
+        let builder = |url: &str| Locker::builder(url).dead_peer_timeout(Duration::from_secs(4));
+        let m = (etcd.leader() + 1) % 3;
+        // The holder talks to a follower only, through 127.0.0.2: on the
+        // cut side with its member, which loses the quorum.
+        let holder = connect(builder(&etcd.member_url_via_2(m)), &etcd).await;
+        let name = unique("cut-member");
+        let opts = LockOptions::new().fenced(true);
+        let g = holder.acquire(name.as_str(), &opts).await.unwrap().expect("free");
+        let tally = Arc::new(Tally::default());
+        tally.enter(g.fence().unwrap());
+        let mut lockers = Vec::new();
+        for _ in 0..2 {
+            lockers.push(connect(builder(&etcd.url()), &etcd).await);
+        }
+        let load = Load::start(lockers, &name, tally.clone());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cuts[m].cut();
+        let cut = Instant::now();
+        let told = tokio::time::timeout(Duration::from_secs(8), g.lost()).await;
+        let told_after = cut.elapsed();
+        tally.leave();
+        told.expect("a holder whose member lost the quorum must be told");
+        assert_eq!(tally.grants(), 1, "a waiter got in before the holder was told");
+        let t = &*tally;
+        let freed = eventually(Duration::from_secs(15), || async move { t.grants() > 1 }).await;
+        let freed_after = cut.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let tally = load.stop().await;
+        eprintln!(
+            "etcd member cut off: holder told after {told_after:?}, a waiter in after {freed_after:?} (lease TTL 4 s); {} grants after the cut",
+            tally.grants() - 1
+        );
+        assert!(freed, "the waiters never got the lock");
+        tally.assert_exclusive();
+        assert!(told_after < Duration::from_secs(3), "holder bound: {told_after:?}");
+        assert!(!g.is_held());
+        drop(g);
+        // The cut is silent: the member, asked through 127.0.0.1, neither
+        // answers nor refuses.
+        let asked = async {
+            let c = etcd_client::Client::connect([etcd.endpoints()[m].clone()], None).await?;
+            c.maintenance_client().status().await
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(1), asked).await;
+        assert!(answer.is_err(), "the cut member answered: {answer:?}");
+        cuts[m].heal();
+        comes_free(locker(&etcd).await, &name, "the healed cluster serves").await;
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,11 @@
 //! Requests to etcd: their errors as dbmutex's, and the retry that
 //! carries a request past a dead or leaderless member.
 
-use etcd_client::{Client, GetOptions, GetResponse, Txn, TxnResponse};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse};
+
+use crate::settings::Settings;
 
 use crate::{Error, Result};
 
@@ -17,8 +21,31 @@ pub(super) fn etcd_err(e: etcd_client::Error) -> Error {
         // gRPC's Cancelled (1), Unknown (2), DeadlineExceeded (4) and
         // Unavailable (14): the member is gone or cut off.
         E::GRpcStatus(s) if matches!(i32::from(s.code()), 1 | 2 | 4 | 14) => Error::Connect(Box::new(e)),
+        // NotFound (5): the lease is gone (see `is_lease_gone`): the session
+        // is over, and the core tries again on a new one.
+        E::GRpcStatus(s) if i32::from(s.code()) == 5 => Error::Connect(Box::new(e)),
+        // A connection etcd closed for its pings (a quiet watch's
+        // connection, pinged every keep-alive): the request goes again.
+        E::GRpcStatus(_) if format!("{e:?}").contains("too_many_pings") => Error::Connect(Box::new(e)),
         _ => Error::Database(Box::new(e)),
     }
+}
+
+/// The client's connection options: the connect timeout, and an HTTP/2
+/// ping every `keepalive` (which finds a member that went silent, so that
+/// requests stop going to it) while a request or watch is open, never on
+/// an idle connection: etcd answers pings on a connection without streams,
+/// or more often than every 5 s without data in between
+/// (`--grpc-keepalive-min-time`), with `GOAWAY too_many_pings` after the
+/// third, which once failed a fleet worker's lock request.
+pub(super) fn options(settings: &Settings) -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(settings.connect_timeout)
+        .with_keep_alive(
+            settings.keepalive,
+            settings.keepalive.max(Duration::from_millis(500)),
+        )
+        .with_keep_alive_while_idle(false)
 }
 
 /// How long one try of a request may take before it is tried again.
@@ -53,14 +80,24 @@ where
     }
 }
 
-/// Deletes `key` (retried while a member is unreachable).
-pub(super) async fn delete(client: &Client, key: &str) -> Result<()> {
+/// Deletes `key` (retried while a member is unreachable); how many keys
+/// went (0: it was gone already, or a retry's first try took it).
+pub(super) async fn delete(client: &Client, key: &str) -> Result<i64> {
     retried(|| {
         let mut kv = client.kv_client();
         async move { kv.delete(key, None).await }
     })
     .await
-    .map(drop)
+    .map(|r| r.deleted())
+}
+
+/// Whether `e` is etcd saying a lease is gone (revoked or expired): a put
+/// with it answers gRPC NotFound, "requested lease not found".
+pub(super) fn is_lease_gone(e: &Error) -> bool {
+    matches!(e, Error::Connect(b) if matches!(
+        b.downcast_ref::<etcd_client::Error>(),
+        Some(etcd_client::Error::GRpcStatus(s)) if i32::from(s.code()) == 5
+    ))
 }
 
 /// Runs `txn` (retried while a member is unreachable: every transaction

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
+use tokio::sync::watch;
 
 use super::client;
 use super::session::Session;
@@ -21,8 +22,9 @@ pub(super) struct EtcdGrant {
     release: Undo<Held>,
     /// The key's create revision: cluster-wide monotonic.
     revision: i64,
-    /// The session the key's lease belongs to.
-    session: Arc<Session>,
+    /// Turns `true` when the lock is lost: its session ended, or someone
+    /// else deleted its key.
+    lost: watch::Receiver<bool>,
 }
 
 /// What deleting the key needs.
@@ -41,7 +43,7 @@ pub(super) struct Held {
 impl EtcdGrant {
     pub(super) fn new(held: Held, revision: i64) -> Self {
         EtcdGrant {
-            session: held.session.clone(),
+            lost: held.session.held.add(&held.key),
             revision,
             release: Undo::with(held, spawn_delete),
         }
@@ -53,6 +55,7 @@ impl EtcdGrant {
 /// With that runtime gone, the session revokes its lease when its last
 /// user goes (see `session`).
 pub(super) fn spawn_delete(mut held: Held) {
+    held.session.held.remove(&held.key);
     if let Some(h) = held.hold.as_mut() {
         h.releasing();
     }
@@ -66,7 +69,7 @@ pub(super) async fn delete_until_done(held: Held) {
     let mut ended = held.session.ended();
     loop {
         match client::delete(&held.client, &held.key).await {
-            Ok(()) => return,
+            Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "dbmutex: etcd unlock failed; retrying until the lease ends")
             }
@@ -83,6 +86,7 @@ impl Grant for EtcdGrant {
     /// the background until it succeeds or the lease ends.
     fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
         let mut held = self.release.take().expect("held until released");
+        held.session.held.remove(&held.key);
         if let Some(h) = held.hold.as_mut() {
             h.releasing();
         }
@@ -94,12 +98,19 @@ impl Grant for EtcdGrant {
             if r.is_ok() {
                 again.disarm();
             }
-            r
+            // Nothing to delete: someone else did (a revoked lease, a
+            // deleted key) while it was held, which the holder must hear.
+            match r? {
+                0 => Err(Error::LockLost {
+                    name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
+                }),
+                _ => Ok(()),
+            }
         })
     }
 
     fn loss(&self) -> LossToken {
-        LossToken::of(self.session.ended())
+        LossToken::of(self.lost.clone())
     }
 
     fn on_session(&self) -> Option<&dyn OnSession> {
@@ -113,10 +124,10 @@ impl OnSession for EtcdGrant {
     /// created after every earlier holder's (or it would have waited for
     /// them): no write is needed.
     fn fence(&self, _key: String) -> BoxFuture<Result<u64>> {
-        let token = match self.session.is_over() {
+        let token = match *self.lost.borrow() {
             false => Ok(self.revision as u64),
             true => Err(Error::LockLost {
-                name: "an etcd lock whose lease ended".into(),
+                name: "an etcd lock whose lease ended or whose key was deleted".into(),
             }),
         };
         Box::pin(std::future::ready(token))

@@ -20,7 +20,9 @@
 //! - **In-process first.** Tasks of one locker take the in-process hold
 //!   before they put a key, and a grant gives it back only once its key is
 //!   deleted: a locker never queues behind its own unlock in flight.
-//! - **Release** deletes the key; a dropped guard deletes it in the
+//! - **Release** deletes the key (and answers [`Error::LockLost`] if it
+//!   was gone already: its lease revoked, or deleted by someone else); a
+//!   dropped guard deletes it in the
 //!   background (on the runtime it was taken on). A delete etcd does not
 //!   confirm is retried every second until it is, or the lease ends. With
 //!   that runtime gone, the session revokes its lease from a thread of its
@@ -32,7 +34,11 @@
 //!   half the TTL, counted from the sending of the last answered one (5 s
 //!   by default). etcd frees a silent session's keys a full TTL after the
 //!   last keep-alive it received, so a holder that can be told is told
-//!   first. The next acquisition grants a new lease.
+//!   first. The next acquisition grants a new lease. A lock whose key
+//!   someone else deleted (`etcdctl del`, another client) is reported lost
+//!   on its own, within one keep-alive period: while the session holds
+//!   locks, it asks etcd once a period which keys its lease still has
+//!   (`held.rs`).
 //! - **Fencing token** ([`LockOptions::fenced`](crate::LockOptions::fenced)):
 //!   the key's create revision, which etcd's cluster-wide revision counter
 //!   makes strictly greater than every earlier holder's, across leader
@@ -45,6 +51,7 @@
 
 mod client;
 mod grant;
+mod held;
 mod introspect;
 mod queue;
 mod session;
@@ -52,7 +59,7 @@ mod session;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
 
 use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn, Waited};
 use crate::key::etcd_lock_prefix;
@@ -82,12 +89,7 @@ impl EtcdBackend {
     /// Connects to the members `url` names (any one that answers serves).
     pub(crate) async fn connect(url: &EtcdUrl, settings: &Settings) -> Result<Self> {
         let endpoints: Vec<String> = url.hosts.iter().map(|h| format!("http://{h}")).collect();
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(settings.connect_timeout)
-            .with_keep_alive(
-                settings.keepalive,
-                settings.keepalive.max(std::time::Duration::from_millis(500)),
-            );
+        let opts = client::options(settings);
         // The client connects lazily: one status call proves a member answers.
         let connect = async {
             let client = Client::connect(&endpoints, Some(opts)).await?;

@@ -95,7 +95,12 @@ pub(super) async fn enqueue(
             r
         })
         .await
-        .map_err(|_| session_over("the etcd put task ended unexpectedly"))??;
+        .map_err(|_| session_over("the etcd put task ended unexpectedly"))?
+        .inspect_err(|e| {
+            if client::is_lease_gone(e) {
+                session.end("etcd says the lease is gone");
+            }
+        })?;
     let seen_at = answer.header().map_or(0, |h| h.revision());
     let got = |i: usize| match answer.op_responses().get(i) {
         Some(TxnOpResponse::Get(g)) => g.kvs().to_vec(),
@@ -186,8 +191,14 @@ async fn wait_deleted(client: &Client, ahead: &Ahead, mut ended: watch::Receiver
             Ok(())
         }
         _ = over(&mut ended) => Err(session_over("the etcd lease ended while waiting for the lock")),
+        // A watch on a member that went silent (cut off, frozen) never
+        // ends by itself: look again now and then.
+        () = tokio::time::sleep(RELOOK) => Ok(()),
     }
 }
+
+/// How often a waiter looks at the queue again while its watch says nothing.
+const RELOOK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The key now just below ours, if our key is still queued; an error if it
 /// is gone (its lease ended).

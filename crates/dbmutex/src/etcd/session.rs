@@ -4,6 +4,7 @@
 //! session is over: every lock on it is reported lost, and the next
 //! acquisition grants a new lease.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client::{etcd_err, TRY_TIMEOUT};
+use super::held::HeldKeys;
 use crate::core::detach::Undo;
 use crate::Result;
 
@@ -20,6 +22,10 @@ pub(crate) struct Session {
     pub(super) lease: i64,
     /// Turns `true` when the session is over.
     ended: watch::Receiver<bool>,
+    /// Ends it from outside the keep-alive task.
+    end: watch::Sender<bool>,
+    /// The keys it holds locks with, checked for deletion by others.
+    pub(super) held: Arc<HeldKeys>,
     /// Stops the keep-alive task and revokes the lease (in the
     /// background) once nothing uses the session any more.
     _end: Undo,
@@ -67,15 +73,19 @@ impl Session {
             .map_err(etcd_err)?;
         let lease = granted.id();
         let (tx, ended) = watch::channel(false);
-        let task = tokio::spawn(keep_alive(client.clone(), lease, timing, tx));
+        let held = Arc::new(HeldKeys::default());
+        let end = tx.clone();
+        let task = tokio::spawn(keep_alive(client.clone(), lease, timing, tx, held.clone()));
+        let checks = tokio::spawn(check_held(client.clone(), lease, timing, held.clone()));
         let revoke_client = client.clone();
         let runtime = tokio::runtime::Handle::current();
         let alive = ended.clone();
-        let end = Undo::new(move || {
+        let stop = Undo::new(move || {
             // The keep-alive task gone with the session still on: its
             // runtime has shut down (and the client's connections with it).
             let runtime_gone = alive.has_changed().is_err() && !*alive.borrow();
             task.abort();
+            checks.abort();
             // Frees the session's keys at once instead of after the TTL.
             if runtime_gone {
                 drop(std::thread::spawn(move || {
@@ -96,13 +106,29 @@ impl Session {
         Ok(Session {
             lease,
             ended,
-            _end: end,
+            end,
+            held,
+            _end: stop,
         })
     }
 
     /// Whether the session is over.
     pub(super) fn is_over(&self) -> bool {
         *self.ended.borrow()
+    }
+
+    /// Ends the session now (etcd said its lease is gone): its locks are
+    /// lost, and the next acquisition grants a new lease.
+    pub(super) fn end(&self, why: &str) {
+        if !self.is_over() {
+            tracing::warn!(
+                lease = format_args!("{:x}", self.lease),
+                why,
+                "dbmutex: etcd session over; its locks are lost"
+            );
+        }
+        self.held.end();
+        let _ = self.end.send(true);
     }
 
     /// A receiver that turns `true` when the session is over.
@@ -134,7 +160,13 @@ pub(super) async fn over(ended: &mut watch::Receiver<bool>) {
 
 /// Keeps `lease` alive until etcd says it is gone or no keep-alive was
 /// answered within the holder's bound; then reports the session over.
-async fn keep_alive(client: Client, lease: i64, timing: Timing, ended: watch::Sender<bool>) {
+async fn keep_alive(
+    client: Client,
+    lease: i64,
+    timing: Timing,
+    ended: watch::Sender<bool>,
+    held: Arc<HeldKeys>,
+) {
     let mut alive_until = Instant::now() + timing.holder_bound();
     let mut stream = None;
     let why = loop {
@@ -166,5 +198,15 @@ async fn keep_alive(client: Client, lease: i64, timing: Timing, ended: watch::Se
         why,
         "dbmutex: etcd session over; its locks are lost"
     );
+    held.end();
     let _ = ended.send(true);
+}
+
+/// Once a keep-alive period, looks for held keys deleted by someone else
+/// (see `held`); ends with the session's tasks.
+async fn check_held(client: Client, lease: i64, timing: Timing, held: Arc<HeldKeys>) {
+    loop {
+        tokio::time::sleep(timing.every).await;
+        held.check(&client, lease).await;
+    }
 }

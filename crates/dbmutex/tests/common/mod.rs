@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod hostile;
+pub mod netns;
 pub mod pgbouncer;
 pub mod pgpool;
 pub mod private;

@@ -47,6 +47,9 @@ pub struct PrivateEtcd {
     instance: Instance,
     ports: Vec<Ports>,
     members: Mutex<Vec<Option<Child>>>,
+    /// Member `i` runs as group `base + i` and also takes clients on
+    /// 127.0.0.2 (see [`PrivateEtcd::start_partitionable`]).
+    gid_base: Option<u32>,
 }
 
 fn program(name: &str) -> PathBuf {
@@ -84,6 +87,17 @@ impl PrivateEtcd {
     /// Starts the cluster and waits until it takes a write. Panics with the
     /// members' logs when it cannot.
     pub fn start() -> PrivateEtcd {
+        Self::start_with(None)
+    }
+
+    /// As [`PrivateEtcd::start`], with member `i` running as group
+    /// `gid_base + i` (so that `netns::Cut` can cut it off) and taking
+    /// clients on 127.0.0.2 too ([`PrivateEtcd::member_url_via_2`]).
+    pub fn start_partitionable(gid_base: u32) -> PrivateEtcd {
+        Self::start_with(Some(gid_base))
+    }
+
+    fn start_with(gid_base: Option<u32>) -> PrivateEtcd {
         for attempt in 1..=3 {
             let instance = Instance::create(DIR_PREFIX, STOP_SH.to_owned(), "root");
             let ports = (0..MEMBERS)
@@ -96,6 +110,7 @@ impl PrivateEtcd {
                 instance,
                 ports,
                 members: Mutex::new((0..MEMBERS).map(|_| None).collect()),
+                gid_base,
             };
             for i in 0..MEMBERS {
                 etcd.spawn_member(i, "new");
@@ -129,10 +144,16 @@ impl PrivateEtcd {
             .append(true)
             .open(dir.join(format!("m{i}.log")))
             .unwrap();
-        let child = Command::new(program("etcd"))
+        let mut cmd = Command::new(program("etcd"));
+        let mut listen = format!("http://127.0.0.1:{}", p.client);
+        if let Some(base) = self.gid_base {
+            std::os::unix::process::CommandExt::gid(&mut cmd, base + i as u32);
+            listen.push_str(&format!(",http://127.0.0.2:{}", p.client));
+        }
+        let child = cmd
             .arg(format!("--name=m{i}"))
             .arg(format!("--data-dir={}", dir.join(format!("m{i}")).display()))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{}", p.client))
+            .arg(format!("--listen-client-urls={listen}"))
             .arg(format!("--advertise-client-urls=http://127.0.0.1:{}", p.client))
             .arg(format!("--listen-peer-urls=http://127.0.0.1:{}", p.peer))
             .arg(format!(
@@ -212,6 +233,12 @@ impl PrivateEtcd {
     /// `etcd://` with member `i` only.
     pub fn member_url(&self, i: usize) -> String {
         format!("etcd://127.0.0.1:{}", self.ports[i].client)
+    }
+
+    /// `etcd://` with member `i` only, through 127.0.0.2 (a cluster from
+    /// [`PrivateEtcd::start_partitionable`]).
+    pub fn member_url_via_2(&self, i: usize) -> String {
+        format!("etcd://127.0.0.2:{}", self.ports[i].client)
     }
 
     /// `http://127.0.0.1:port` of every member, for a raw client.
