@@ -84,13 +84,14 @@ pub async fn worker(
             let mut m = crate::raw_etcd::EtcdMutex::new(client).await?;
             let prefix = crate::raw_etcd::queue(name);
             ready(&out, start_ms).await?;
+            let cpu0 = own_cpu_us();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 m.lock(&prefix).await?;
                 waits.record(t.elapsed());
                 m.unlock().await?;
             }
-            report(&out, &waits)?;
+            report(&out, &waits, own_cpu_us() - cpu0)?;
             wait_for_eof();
         }
         Side::Raw => {
