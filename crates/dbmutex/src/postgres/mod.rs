@@ -76,6 +76,7 @@ mod session;
 mod session_lock;
 mod sql;
 mod upgrade;
+mod waits;
 mod xact;
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,0 +1,198 @@
+//! The statements of a wait in the server on a connection of its own (see
+//! [`super::dedicated`]): a lock session's one bounded-wait statement, a
+//! session lock's wait on a dedicated connection, and what their outcome
+//! means for the lock.
+
+use std::sync::Arc;
+
+use super::conn::{PgConn, Text};
+use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
+use super::introspect;
+use super::pooler;
+use super::sql::{self, Call};
+use super::xact::wait_xact_dedicated;
+use crate::core::detach::Undo;
+use crate::key::PgKey;
+use crate::{Error, LockName, LockOptions, Result};
+
+/// The wait on a dedicated connection, cancel-safe: if the future is dropped
+/// while a statement may still run, the statement is cancelled and the
+/// session closed.
+pub(super) async fn wait_dedicated(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    text: Text,
+    session_names: Option<bool>,
+) -> Result<bool> {
+    let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
+    let got = match session_names {
+        // A lock session's wait goes as its try does: prepared and nameless
+        // on a direct connection (the name then shows in the keepalive
+        // probe once granted), else with the name in a comment if names go
+        // in comments (`session_names`).
+        Some(names) if !opts.is_try_once() => {
+            wait_session_one(conn, name, key, opts, names && text != Text::Prepared).await
+        }
+        // Boxed: a lock session's wait is the common one, and these futures
+        // would make every wait's larger.
+        _ if opts.transaction => {
+            Box::pin(wait_xact_dedicated(conn, name, key, opts, text == Text::Named)).await
+        }
+        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, text == Text::Named)).await,
+    };
+    abandon.disarm();
+    got
+}
+
+/// Claims `conn`'s server session (see `conn/claim.rs`); a session lock on
+/// one that another client claimed would not exclude anyone.
+async fn claimed(conn: &Arc<PgConn>) -> Result<()> {
+    conn.claim().await?;
+    if !conn.is_claimed() {
+        return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+    }
+    Ok(())
+}
+
+/// A lock session's wait in the server, as one statement
+/// ([`sql::bounded_wait_plain`]): with the name in a comment (parsed each
+/// time, so `pg_stat_activity` shows who waits for what), or without,
+/// prepared once per connection (name comments off).
+async fn wait_session_one(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    comment: bool,
+) -> Result<bool> {
+    claimed(conn).await?;
+    let bounded;
+    let ms: &str = match sql::wait_ms(opts.timeout) {
+        0 => "0",
+        ms => {
+            bounded = format!("{ms}ms");
+            &bounded
+        }
+    };
+    let params = sql::Params::of(&key, conn.owner());
+    // Whether the statement returned its one row (none: the claim check
+    // refused it on a session that is not ours).
+    let ran = if comment {
+        let sql = format!(
+            "{} /* {} */",
+            sql::bounded_wait_plain(opts.mode, &key),
+            crate::key::sql_comment(name)
+        );
+        let mut typed = params.as_typed();
+        typed.push((&ms, tokio_postgres::types::Type::TEXT));
+        conn.client
+            .query_typed(&sql, &typed)
+            .await
+            .map(|rows| rows.len() == 1)
+    } else {
+        match conn.prepared_wait(opts.mode, &key).await {
+            Ok(stmt) => {
+                // On the stack, and counted, not collected: every wait of a
+                // fleet runs this.
+                let (values, n) = params.values();
+                let mut all: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [values[0], values[1], values[2], &ms];
+                all[n] = &ms;
+                conn.client.execute(&stmt, &all[..=n]).await.map(|rows| rows == 1)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    settle_wait(conn, name, key, opts, ran).await
+}
+
+/// What a wait statement's outcome (`Ok(false)`: it ran on a session that is
+/// not ours) means for the lock.
+async fn settle_wait(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    ran: std::result::Result<bool, tokio_postgres::Error>,
+) -> Result<bool> {
+    match ran {
+        Ok(true) => Ok(true),
+        Ok(false) => {
+            conn.moved();
+            Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+        }
+        // The server may grant the lock just as the timeout fires, and a
+        // session lock outlives the aborted statement: ask whether we hold
+        // it (then it is ours, a little late), so a spare never keeps one.
+        Err(e) if is_lock_timeout(&e) => {
+            match Box::pin(introspect::holds(conn, &key, opts.mode))
+                .await
+                .map_err(|e| db_err(e, name))?
+            {
+                Some(held) => Ok(held),
+                None => {
+                    conn.moved();
+                    Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()))
+                }
+            }
+        }
+        Err(e) => Err(db_err(e, name)),
+    }
+}
+
+/// A session lock on a dedicated connection, waiting in the server.
+async fn wait_session_dedicated(
+    conn: &Arc<PgConn>,
+    name: &LockName,
+    key: PgKey,
+    opts: &LockOptions,
+    comment: bool,
+) -> Result<bool> {
+    claimed(conn).await?;
+    if opts.is_try_once() {
+        let (sql, params) = sql::bound(
+            Call::Try,
+            false,
+            opts.mode,
+            &key,
+            comment.then_some(name),
+            conn.owner(),
+        );
+        let rows = conn
+            .client
+            .query_typed(&sql, &params.as_typed())
+            .await
+            .map_err(|e| db_err(e, name))?;
+        if rows.is_empty() {
+            conn.moved();
+            return Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into()));
+        }
+        return first_bool(&rows);
+    }
+    let lock = sql::inline(
+        Call::Wait,
+        false,
+        opts.mode,
+        &key,
+        comment.then_some(name),
+        conn.owner(),
+    );
+    // A multi-statement simple query runs as one implicit transaction, so
+    // the transaction-local settings end with it: one round trip, and the
+    // session's own settings are never touched. Both are set even for an
+    // unbounded wait: a role's or database's default lock_timeout or
+    // statement_timeout must not cut short the wait the caller chose.
+    let batch = format!(
+        "SELECT set_config('lock_timeout', '{}ms', true), set_config('statement_timeout', '0', true); {lock}",
+        sql::wait_ms(opts.timeout)
+    );
+    // One row from the settings, one from the lock.
+    let ran = conn
+        .client
+        .simple_query(&batch)
+        .await
+        .map(|msgs| row_count(&msgs) == 2);
+    settle_wait(conn, name, key, opts, ran).await
+}
