@@ -34,6 +34,14 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Timed from fresh copies in one directory, as `cargo install` leaves a
+# binary: run in place, the linker's output (a hard link under target/)
+# started 0.45 ms slower than a copy of the same bytes, which made the
+# baseline's comparison unfair.
+cp "$dbmutex" "$work/dbmutex" && dbmutex=$work/dbmutex
+if [ -n "${BASELINE:-}" ]; then
+  cp "$BASELINE" "$work/dbmutex-baseline" && BASELINE=$work/dbmutex-baseline
+fi
 name="cli-overhead-$$"
 
 # elapsed_us CMD...: runs CMD once and prints its wall time in microseconds
@@ -88,10 +96,17 @@ for backend in ${BACKENDS:-local postgres mysql}; do
   for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
     a=$(elapsed_us "$true_bin")
     b=$(elapsed_us flock "$work/flock" "$true_bin")
-    c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
-    d=$(client_us "$backend")
+    # The baseline goes right before or right after the head, in turn: a
+    # fixed slot biased the comparison too.
     e=
-    [ -z "${BASELINE:-}" ] || e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
+    if [ -n "${BASELINE:-}" ] && ((i % 2)); then
+      e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
+    fi
+    c=$(use_backend "$backend" && elapsed_us "$dbmutex" run "$name" -- "$true_bin")
+    if [ -n "${BASELINE:-}" ] && ! ((i % 2)); then
+      e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
+    fi
+    d=$(client_us "$backend")
     if ((i >= 0)); then
       echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
       [ -z "$d" ] || echo "$d" >>"$work/t_client"
