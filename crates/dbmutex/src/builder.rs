@@ -296,7 +296,7 @@ impl LockerBuilder {
             #[cfg(feature = "postgres")]
             Target::PgConfig(config) => {
                 let b = crate::postgres::PgBackend::from_config((**config).clone(), &settings).await?;
-                Arc::new(Pipeline::new(b, settings, id))
+                Arc::new(Pipeline::new(b, BackendKind::Postgres, settings, id))
             }
             Target::Url(url) => {
                 // A URL the driver would misread is refused before anything
@@ -307,18 +307,18 @@ impl LockerBuilder {
                     #[cfg(feature = "postgres")]
                     Some(BackendKind::Postgres) => {
                         let b = crate::postgres::PgBackend::connect(url, &settings).await?;
-                        Arc::new(Pipeline::new(b, settings, id))
+                        Arc::new(Pipeline::new(b, BackendKind::Postgres, settings, id))
                     }
                     #[cfg(feature = "mysql")]
                     Some(BackendKind::Mysql) => {
                         let b = crate::mysql::MyBackend::connect(url, &settings).await?;
-                        Arc::new(Pipeline::new(b, settings, id))
+                        Arc::new(Pipeline::new(b, BackendKind::Mysql, settings, id))
                     }
                     #[cfg(feature = "etcd")]
                     Some(BackendKind::Etcd) => {
                         let parsed = crate::redact::parse_etcd(url.split_once("://").map_or("", |(_, r)| r))?;
                         let b = crate::etcd::EtcdBackend::connect(&parsed, &settings).await?;
-                        Arc::new(Pipeline::new(b, settings, id))
+                        Arc::new(Pipeline::new(b, BackendKind::Etcd, settings, id))
                     }
                     Some(BackendKind::Local) => local(
                         Some(PathBuf::from(crate::redact::file_url_path(url)?)),
@@ -354,5 +354,5 @@ impl LockerBuilder {
 /// The local backend in its pipeline.
 fn local(dir: Option<PathBuf>, settings: Settings, id: u64) -> Result<Arc<dyn Engine>> {
     let b = crate::local::LocalBackend::new(dir, &settings)?;
-    Ok(Arc::new(Pipeline::new(b, settings, id)))
+    Ok(Arc::new(Pipeline::new(b, BackendKind::Local, settings, id)))
 }

@@ -19,7 +19,7 @@ use super::arbiter::{Hold, SlotExt};
 use super::guard::{BoxFut, Grant};
 use crate::runs::LastRun;
 use crate::settings::Settings;
-use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
+use crate::types::{Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Result};
 
 /// How one acquisition waits.
@@ -64,19 +64,6 @@ pub(crate) enum Missing {
     /// Upgrading a shared lock inside one task; asked when the shared
     /// grant offers no upgrade (PostgreSQL: a transaction-level lock).
     Upgrade,
-}
-
-impl Missing {
-    /// Whether the static capability table says `kind` can.
-    fn in_table(self, can: Capabilities) -> bool {
-        match self {
-            Missing::Shared => can.shared,
-            Missing::Transaction => can.transaction,
-            Missing::SessionLocks => can.session_locks,
-            Missing::Fencing => can.fencing,
-            Missing::Upgrade => can.upgrade,
-        }
-    }
 }
 
 /// How a wait in the server ended.
@@ -126,6 +113,19 @@ impl<B: Backend> Attempt<'_, B> {
     }
 }
 
+/// The holders of `name`'s `key` as [`Backend::held`] rows, one a holder.
+pub(crate) fn rows(name: &LockName, key: &impl fmt::Display, holders: Vec<Holder>) -> Vec<ListedLock> {
+    let (name, key) = (name.to_string(), key.to_string());
+    holders
+        .into_iter()
+        .map(|holder| ListedLock {
+            name: Some(name.clone()),
+            key: key.clone(),
+            holder,
+        })
+        .collect()
+}
+
 /// A future a backend method returns.
 pub(crate) trait Fut<'a, T>: Future<Output = Result<T>> + Send + 'a {}
 impl<'a, T, F: Future<Output = Result<T>> + Send + 'a> Fut<'a, T> for F {}
@@ -144,16 +144,10 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
     /// takes what it needs of it.
     type Tries: Send + Sync;
 
-    /// Which backend this is.
-    fn kind(&self) -> BackendKind;
-
     /// Why this backend cannot honour `missing` here, in its own words;
-    /// `None` if it can. By default the capability table
-    /// ([`BackendKind::capabilities`]) decides, with a plain wording.
-    fn refusal(&self, missing: Missing) -> Option<String> {
-        (!missing.in_table(self.kind().capabilities()))
-            .then(|| format!("the {} backend cannot do this: {missing:?}", self.kind().as_str()))
-    }
+    /// `None` if it can. (Which backend it is, the core was told when it
+    /// was made: see `Pipeline::new`.)
+    fn refusal(&self, missing: Missing) -> Option<String>;
 
     /// The key `name` maps to with this locker's prefix.
     fn key(&self, name: &LockName) -> Result<Self::Key>;
@@ -191,11 +185,9 @@ pub(crate) trait Backend: Send + Sync + Sized + 'static {
         }
     }
 
-    /// Who holds `key` now.
-    fn holders<'a>(&'a self, name: &'a LockName, key: &'a Self::Key) -> impl Fut<'a, Vec<Holder>>;
-
-    /// Every lock held on the server now.
-    fn list(&self) -> impl Fut<'_, Vec<ListedLock>>;
+    /// Who holds what now: every lock held on the server, or (`only`) the
+    /// holders of one name's key (then [`rows`] makes the rows).
+    fn held<'a>(&'a self, only: Option<(&'a LockName, &'a Self::Key)>) -> impl Fut<'a, Vec<ListedLock>>;
 
     /// The records it keeps (fencing tokens, runs), if any.
     fn records(&self) -> Option<&dyn Records> {

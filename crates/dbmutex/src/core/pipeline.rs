@@ -55,6 +55,9 @@ const RECONNECT_BACKOFF: std::time::Duration = std::time::Duration::from_secs(1)
 /// The pipeline over one backend.
 pub(crate) struct Pipeline<B: Backend> {
     backend: B,
+    /// Which backend it is (for metrics, `Locker::kind` and the capability
+    /// table), told by whoever made it from the URL.
+    kind: BackendKind,
     /// The in-process arbiter: tasks of this locker told apart before the
     /// server sees them.
     arbiter: Arc<Arbiter<B::Key, B::SlotExt>>,
@@ -68,8 +71,9 @@ pub(crate) struct Pipeline<B: Backend> {
 }
 
 impl<B: Backend> Pipeline<B> {
-    pub(crate) fn new(backend: B, settings: Settings, id: u64) -> Self {
+    pub(crate) fn new(backend: B, kind: BackendKind, settings: Settings, id: u64) -> Self {
         Pipeline {
+            kind,
             server_waits: Arc::new(Semaphore::new(
                 settings.max_server_waits.min(Semaphore::MAX_PERMITS),
             )),
@@ -88,12 +92,7 @@ impl<B: Backend> Pipeline<B> {
     /// dropping it at any await point leaves nothing held.
     async fn acquire(&self, name: LockName, opts: &LockOptions) -> Result<Option<LockGuard>> {
         // Recorded once however it ends (dropped mid-way: `cancelled`).
-        let labels = Labels::new(
-            self.backend.kind(),
-            opts.mode,
-            &name,
-            self.settings.metrics_name_label,
-        );
+        let labels = Labels::new(self.kind, opts.mode, &name, self.settings.metrics_name_label);
         let measured = Measured::start(labels.clone());
         let r = self.acquire_inner(name, opts, labels).await;
         measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
@@ -368,13 +367,13 @@ impl<B: Backend> Pipeline<B> {
 
 impl<B: Backend> Engine for Pipeline<B> {
     fn kind(&self) -> BackendKind {
-        self.backend.kind()
+        self.kind
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             session_locks: self.backend.refusal(Missing::SessionLocks).is_none(),
-            ..self.backend.kind().capabilities()
+            ..self.kind.capabilities()
         }
     }
 
@@ -394,7 +393,8 @@ impl<B: Backend> Engine for Pipeline<B> {
         Box::pin(async move {
             name.validate()?;
             let key = self.backend.key(&name)?;
-            self.backend.holders(&name, &key).await
+            let rows = self.backend.held(Some((&name, &key))).await?;
+            Ok(rows.into_iter().map(|r| r.holder).collect())
         })
     }
 
@@ -402,12 +402,12 @@ impl<B: Backend> Engine for Pipeline<B> {
         Box::pin(async move {
             name.validate()?;
             let key = self.backend.key(&name)?;
-            Ok(!self.backend.holders(&name, &key).await?.is_empty())
+            Ok(!self.backend.held(Some((&name, &key))).await?.is_empty())
         })
     }
 
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>> {
-        Box::pin(self.backend.list())
+        Box::pin(self.backend.held(None))
     }
 
     fn key_of(&self, name: &LockName) -> Result<String> {
@@ -434,12 +434,7 @@ impl<B: Backend> Engine for Pipeline<B> {
         up: Option<Arc<dyn Upgrade>>,
     ) -> BoxFut<'a, Result<Option<Upgraded>>> {
         Box::pin(async move {
-            let labels = Labels::new(
-                self.backend.kind(),
-                opts.mode,
-                name,
-                self.settings.metrics_name_label,
-            );
+            let labels = Labels::new(self.kind, opts.mode, name, self.settings.metrics_name_label);
             let measured = Measured::start(labels);
             let r = match self.backend.key(name) {
                 Ok(key) => upgrade::acquire(&self.backend, &self.arbiter, &key, name, opts, up).await,
@@ -457,7 +452,7 @@ impl<B: Backend> Pipeline<B> {
         self.backend.records().ok_or_else(|| {
             Error::Unsupported(format!(
                 "the {} backend keeps no records (fencing tokens, runs)",
-                self.backend.kind().as_str()
+                self.kind.as_str()
             ))
         })
     }

@@ -61,12 +61,12 @@ use std::sync::Arc;
 
 use etcd_client::Client;
 
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, WaitIn, Waited};
+use crate::core::backend::{rows, Attempt, Backend, Fut, Missing, Plan, WaitIn, Waited};
 use crate::key::etcd_lock_prefix;
 use crate::redact::EtcdUrl;
 use crate::settings::Settings;
-use crate::types::{Holder, ListedLock};
-use crate::{BackendKind, Error, LockName, LockOptions, Result};
+use crate::types::ListedLock;
+use crate::{Error, LockName, LockOptions, Result};
 use client::etcd_err;
 use session::{Session, Timing};
 
@@ -132,10 +132,6 @@ impl Backend for EtcdBackend {
     type SlotExt = ();
     type Tries = Arc<Session>;
 
-    fn kind(&self) -> BackendKind {
-        BackendKind::Etcd
-    }
-
     fn refusal(&self, missing: Missing) -> Option<String> {
         let why = match missing {
             Missing::Fencing | Missing::SessionLocks => return None,
@@ -184,11 +180,12 @@ impl Backend for EtcdBackend {
         }
     }
 
-    fn holders<'a>(&'a self, _name: &'a LockName, key: &'a String) -> impl Fut<'a, Vec<Holder>> {
-        introspect::holders(&self.client, key)
-    }
-
-    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
-        introspect::list(&self.client, &self.root, self.prefix.text())
+    fn held<'a>(&'a self, only: Option<(&'a LockName, &'a String)>) -> impl Fut<'a, Vec<ListedLock>> {
+        async move {
+            match only {
+                Some((name, key)) => Ok(rows(name, key, introspect::holders(&self.client, key).await?)),
+                None => introspect::list(&self.client, &self.root, self.prefix.text()).await,
+            }
+        }
     }
 }

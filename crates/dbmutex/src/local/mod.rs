@@ -85,12 +85,12 @@ mod wake;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn};
+use crate::core::backend::{rows, Attempt, Backend, Fut, Missing, Plan, Records, WaitIn};
 use crate::core::guard::{BoxFut, Grant};
 use crate::key::{local_file_name, local_name_from_note};
 use crate::settings::Settings;
 use crate::types::{Holder, HolderId, ListedLock};
-use crate::{BackendKind, LockName, LockOptions, Mode, Result};
+use crate::{LockName, LockOptions, Mode, Result};
 use file::{blocking, io_error, LockFile};
 use grant::FileGrant;
 use turns::MAX_POLL;
@@ -163,10 +163,6 @@ impl Backend for LocalBackend {
     type Key = String;
     type SlotExt = Woken;
     type Tries = Tries;
-
-    fn kind(&self) -> BackendKind {
-        BackendKind::Local
-    }
 
     fn refusal(&self, missing: Missing) -> Option<String> {
         match missing {
@@ -267,20 +263,21 @@ impl Backend for LocalBackend {
         }
     }
 
-    fn holders<'a>(&'a self, _name: &'a LockName, key: &'a String) -> impl Fut<'a, Vec<Holder>> {
-        let path = self.dir.join(key);
-        blocking(move || {
-            Ok(match file::probe(&path)? {
-                Some(mode) => holders_at(&path, mode),
-                None => Vec::new(),
-            })
-        })
-    }
-
-    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
+    fn held<'a>(&'a self, only: Option<(&'a LockName, &'a String)>) -> impl Fut<'a, Vec<ListedLock>> {
         let dir = self.dir.clone();
         let prefix = self.prefix.text().to_owned();
-        blocking(move || list_dir(&dir, &prefix))
+        let only = only.map(|(name, key)| (name.clone(), key.clone()));
+        blocking(move || match only {
+            Some((name, key)) => {
+                let path = dir.join(&key);
+                let holders = match file::probe(&path)? {
+                    Some(mode) => holders_at(&path, mode),
+                    None => Vec::new(),
+                };
+                Ok(rows(&name, &key, holders))
+            }
+            None => list_dir(&dir, &prefix),
+        })
     }
 
     fn records(&self) -> Option<&dyn Records> {

@@ -54,7 +54,7 @@ fn settings(prefix: &str) -> Settings {
 fn locker(dir: &TempDir, prefix: &str) -> Pipeline<LocalBackend> {
     let settings = settings(prefix);
     let b = LocalBackend::new(Some(dir.path().to_owned()), &settings).unwrap();
-    Pipeline::new(b, settings, 1)
+    Pipeline::new(b, crate::BackendKind::Local, settings, 1)
 }
 
 fn backend(dir: &TempDir) -> Pipeline<LocalBackend> {

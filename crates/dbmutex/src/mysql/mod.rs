@@ -168,13 +168,13 @@ use lock_conn::LockConn;
 use registry::Shared;
 
 use crate::core::arbiter::Hold;
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
+use crate::core::backend::{rows, Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
 use crate::core::guard::{BoxFut, Grant};
 use crate::key::MysqlFlavour;
 use crate::runs::LastRun;
 use crate::settings::Settings;
-use crate::types::{Holder, ListedLock};
-use crate::{BackendKind, Error, LockName, LockOptions, Result};
+use crate::types::ListedLock;
+use crate::{Error, LockName, LockOptions, Result};
 
 pub(crate) struct MyBackend {
     shared: Arc<Shared>,
@@ -291,10 +291,6 @@ impl Backend for MyBackend {
     type SlotExt = ();
     type Tries = ();
 
-    fn kind(&self) -> BackendKind {
-        BackendKind::Mysql
-    }
-
     fn refusal(&self, missing: Missing) -> Option<String> {
         match missing {
             Missing::Shared => Some(
@@ -346,12 +342,17 @@ impl Backend for MyBackend {
         }
     }
 
-    fn holders<'a>(&'a self, name: &'a LockName, key: &'a String) -> impl Fut<'a, Vec<Holder>> {
-        introspect::holders(&self.shared.connector, name, key)
-    }
-
-    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
-        introspect::list_with_own(&self.shared, &self.settings)
+    fn held<'a>(&'a self, only: Option<(&'a LockName, &'a String)>) -> impl Fut<'a, Vec<ListedLock>> {
+        async move {
+            match only {
+                Some((name, key)) => Ok(rows(
+                    name,
+                    key,
+                    introspect::holders(&self.shared.connector, name, key).await?,
+                )),
+                None => introspect::list_with_own(&self.shared, &self.settings).await,
+            }
+        }
     }
 
     fn records(&self) -> Option<&dyn Records> {

@@ -93,13 +93,13 @@ use session::SessionGrant;
 use session_lock::SessionLock;
 pub use xact::lock_xact;
 
-use crate::core::backend::{Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
+use crate::core::backend::{rows, Attempt, Backend, Fut, Missing, Plan, Records, WaitIn, Waited};
 use crate::core::guard::{BoxFut, Grant};
 use crate::key::{pg_key, PgKey};
 use crate::runs::LastRun;
 use crate::settings::Settings;
-use crate::types::{Holder, ListedLock};
-use crate::{BackendKind, Error, LockName, LockOptions, Mode, Result, WaitStrategy};
+use crate::types::ListedLock;
+use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 
 pub(crate) struct PgBackend {
     connector: Connector,
@@ -265,10 +265,6 @@ impl Backend for PgBackend {
     type SlotExt = PgSlot;
     type Tries = Tries;
 
-    fn kind(&self) -> BackendKind {
-        BackendKind::Postgres
-    }
-
     /// Behind a transaction pooler, no session locks; a transaction-level
     /// shared lock gives no upgrade.
     fn refusal(&self, missing: Missing) -> Option<String> {
@@ -411,13 +407,13 @@ impl Backend for PgBackend {
         }
     }
 
-    fn holders<'a>(&'a self, name: &'a LockName, key: &'a PgKey) -> impl Fut<'a, Vec<Holder>> {
-        async move { introspect::holders(&*self.probe().await?, name, key, &self.prefix).await }
-    }
-
-    fn list(&self) -> impl Fut<'_, Vec<ListedLock>> {
+    fn held<'a>(&'a self, only: Option<(&'a LockName, &'a PgKey)>) -> impl Fut<'a, Vec<ListedLock>> {
         async move {
             let conn = self.probe().await?;
+            if let Some((name, key)) = only {
+                let holders = introspect::holders(&conn, name, key, &self.prefix).await?;
+                return Ok(rows(name, key, holders));
+            }
             let mut rows = introspect::list(&conn, &self.prefix).await?;
             if let Some(pid) = self.session.live().and_then(|s| s.server_pid()) {
                 self.names.fill(&mut rows, pid);
