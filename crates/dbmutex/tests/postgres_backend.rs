@@ -1213,8 +1213,8 @@ async fn a_quiet_locker_keeps_only_its_lock_session() {
     }
 }
 
-/// A release dropped after its first poll (the unlock is on the wire, its
-/// answer not yet read) still frees the lock, whether the lock was on the
+/// A release dropped before its first poll, or after it (the unlock is on
+/// the wire, its answer not yet read), still frees the lock, whether the lock was on the
 /// lock session or on a connection of its own after a wait in the server
 /// (whose release runs in the caller's task: dropped, it closes that
 /// connection), and the locker works on.
@@ -1226,11 +1226,16 @@ async fn a_release_dropped_in_flight_frees_the_lock() {
         ("lock session", LockOptions::new()),
         ("own connection", server_wait(Some(Duration::from_secs(5)))),
     ] {
-        for _ in 0..20 {
+        for round in 0..20 {
             let name = unique("release-inflight");
             let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free name");
-            // Polled once, then dropped.
-            let _ = tokio::time::timeout(Duration::ZERO, g.release()).await;
+            if round % 2 == 0 {
+                // Polled once, then dropped.
+                let _ = tokio::time::timeout(Duration::ZERO, g.release()).await;
+            } else {
+                // Dropped before its first poll.
+                drop(g.release());
+            }
             let name_ref = name.as_str();
             let other_ref = &other;
             assert!(

@@ -256,6 +256,9 @@ impl Grant for DedicatedGrant {
         // Before the unlock: no keepalive probe may follow it, since the
         // connection may next serve a wait that blocks.
         d.lock.conn.stop_heartbeat();
+        // Dropped before its first poll, the future closes the connection
+        // (no unlock was sent); from its first poll on, `abandoned` does.
+        let mut unsent = Undo::with(d, Dedicated::close);
         Box::pin(async move {
             let Dedicated {
                 lock,
@@ -263,7 +266,7 @@ impl Grant for DedicatedGrant {
                 spares,
                 budget,
                 hold,
-            } = d;
+            } = unsent.take().expect("taken once, at the first poll");
             let _budget = budget;
             // Declared last, dropped first: the session closes before the
             // hold goes.
