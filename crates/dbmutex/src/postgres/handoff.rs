@@ -116,10 +116,15 @@ fn clock_ms() -> u64 {
 /// did not park.
 pub(crate) fn park(lock: &SessionLock, hold: PgHold) -> Option<PgHold> {
     let slot = hold.slot();
+    if slot.waiting.load(Ordering::SeqCst) == 0 {
+        // Nobody of ours waits (the common case): no clock read.
+        slot.ext.parked_since_ms.store(0, Ordering::Relaxed);
+        return Some(hold);
+    }
     let now = clock_ms();
     let since = slot.ext.parked_since_ms.load(Ordering::Relaxed);
     let over_budget = since != 0 && now.saturating_sub(since) > PARK_BUDGET.as_millis() as u64;
-    if slot.waiting.load(Ordering::SeqCst) == 0 || lock.conn.is_lost() || over_budget {
+    if lock.conn.is_lost() || over_budget {
         slot.ext.parked_since_ms.store(0, Ordering::Relaxed);
         return Some(hold);
     }

@@ -64,6 +64,26 @@ impl Release {
     /// connection's own runtime. If that runtime is gone, so is the
     /// connection, and the server has freed the lock.
     fn in_background(mut self) {
+        if self.lock.mode == Mode::Exclusive {
+            if let Some(h) = self.hold.take() {
+                self.hold = handoff::park(&self.lock, h);
+                if self.hold.is_none() {
+                    // Handed to a waiter of this process, as `release` does.
+                    self.names.remove(&self.lock.key);
+                    return;
+                }
+            }
+        }
+        if self
+            .lock
+            .conn
+            .send_unlock(self.lock.mode, &self.lock.key, self.lock.text)
+        {
+            // On the wire: whatever this process sends next reaches the
+            // server after it, so the hold and the room can go now.
+            self.names.remove(&self.lock.key);
+            return;
+        }
         // The next request of this process for the key waits for this
         // unlock instead of finding the key busy.
         if let Some(h) = self.hold.as_mut() {

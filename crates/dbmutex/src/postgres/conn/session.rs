@@ -256,6 +256,39 @@ impl PgConn {
         }
     }
 
+    /// Puts the unlock of `key` in `mode` on the wire now and does not wait
+    /// for its answer: a dropped guard's release, with no task and no
+    /// thread hop. The connection runs every later statement of ours after
+    /// it, so this locker's next try of the key finds it free. Done only
+    /// where nothing can go wrong unseen: a statement prepared on a
+    /// connection that reaches the server directly (no pooler can move it
+    /// to another session, so the claim check cannot refuse it). `false`
+    /// otherwise: the caller then unlocks the usual way. The answer (a lock
+    /// that was not held any more) is not looked at; a guard dropped
+    /// without `release()` has nobody to tell.
+    pub(crate) fn send_unlock(&self, mode: Mode, key: &PgKey, text: Text) -> bool {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let owner = self.owner();
+        let direct = self.direct.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed);
+        if owner.is_empty() || text != Text::Prepared || !direct {
+            return false;
+        }
+        let Some(stmt) = self.cached(Call::Unlock, mode, key) else {
+            return false;
+        };
+        let params = sql::Params::of(key, owner);
+        let (values, n) = params.values();
+        // tokio-postgres sends a request when its future is first polled;
+        // the answer is discarded once the future is gone. A first poll
+        // that fails found the connection closed: the server has ended the
+        // session, and its locks with it.
+        let query = std::pin::pin!(self.client.query_opt(&stmt, &values[..n]));
+        let _ = query.poll(&mut Context::from_waker(Waker::noop()));
+        true
+    }
+
     /// [`Self::lock_call`] for every text but [`Text::Prepared`].
     async fn unprepared_call(
         self: &Arc<Self>,
@@ -322,11 +355,6 @@ impl PgConn {
         }
     }
 
-    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
-    /// first use and cached for the connection. A try's unlock is prepared
-    /// with it (pipelined: one round trip for both), so that no unlock ever
-    /// waits for a prepare: a release dropped mid-prepare would not know
-    /// whether its unlock went out.
     /// The statement for `call`, `mode` and `key`'s form, if prepared.
     fn cached(&self, call: Call, mode: Mode, key: &PgKey) -> Option<tokio_postgres::Statement> {
         self.statements
@@ -336,6 +364,11 @@ impl PgConn {
             .cloned()
     }
 
+    /// The lock statement for `call`, `mode` and `key`'s form, prepared on
+    /// first use and cached for the connection. A try's unlock is prepared
+    /// with it (pipelined: one round trip for both), so that no unlock ever
+    /// waits for a prepare: a release dropped mid-prepare would not know
+    /// whether its unlock went out.
     async fn prepared(
         &self,
         call: Call,
