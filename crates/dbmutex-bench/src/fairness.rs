@@ -201,52 +201,69 @@ fn pg_pair(name: &str) -> (i32, i32) {
 const FOREIGN_HOLD: Duration = Duration::from_millis(2);
 const FOREIGN_PAUSE: Duration = Duration::from_millis(1);
 
-/// A holder that is not dbmutex (a raw `pg_advisory_lock` session, as the
-/// gem or psql would be) holds 2 ms, unlocks, pauses 1 ms, again; one waiter
-/// takes the lock each time it is free. Reports the hand-off (the raw
-/// holder's unlock sent → the waiter holds, as `contended` measures it) for a dbmutex waiter with
-/// the given strategy and, in the same run, for a raw `pg_advisory_lock`
-/// waiter (the floor). PostgreSQL only.
+/// A holder and a waiter taking turns on one key: the holder holds 2 ms,
+/// unlocks, pauses 1 ms, again; the waiter takes the lock each time it is
+/// free. Reports the hand-off (the holder's unlock sent → the waiter holds,
+/// as `contended` measures it) for three pairs in the same run: a raw
+/// `pg_advisory_lock` holder (as the gem or psql would be) and a raw waiter
+/// (the floor); the raw holder and a dbmutex waiter with the given
+/// strategy; a dbmutex holder (`release().await`) and a raw waiter.
+/// PostgreSQL only.
 pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
     if env.kind != BackendKind::Postgres {
         anyhow::bail!("foreign-holder hand-off is measured on PostgreSQL");
     }
     let app = env.app("foreign");
     let mut rows = Vec::new();
-    for raw_waiter in [true, false] {
-        let name = env.name(if raw_waiter { "foreign-raw" } else { "foreign" }, 0);
+    // (dbmutex holder, dbmutex waiter)
+    for (dbmutex_holder, dbmutex_waiter) in [(false, false), (false, true), (true, false)] {
+        let tag = match (dbmutex_holder, dbmutex_waiter) {
+            (false, false) => "foreign-raw",
+            (false, true) => "foreign",
+            _ => "foreign-rev",
+        };
+        let name = env.name(tag, 0);
         let (k1, k2) = pg_pair(&name);
+        let opts = LockOptions::new().wait_strategy(env.p.strategy);
+        let locker = |app: String| async move {
+            dbmutex::Locker::builder(&env.url)
+                .application_name(&app)
+                .prefix(dbmutex::Prefix::none())
+                .connect()
+                .await
+        };
         let holder = raw::pg_connect(&env.url, &app).await?;
+        let holder_locker = if dbmutex_holder {
+            Some(locker(app.clone()).await?)
+        } else {
+            None
+        };
         let released: Arc<Mutex<Option<Instant>>> = Arc::default();
         let handoffs: Arc<Mutex<Latencies>> = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // The waiter.
         let waiter = {
             let (released, handoffs, stop) = (released.clone(), handoffs.clone(), stop.clone());
-            let locker = if raw_waiter {
+            let waiter_locker = if dbmutex_waiter {
+                Some(locker(app.clone()).await?)
+            } else {
+                None
+            };
+            let raw_conn = if dbmutex_waiter {
                 None
             } else {
-                Some(
-                    dbmutex::Locker::builder(&env.url)
-                        .application_name(&app)
-                        .prefix(dbmutex::Prefix::none())
-                        .connect()
-                        .await?,
-                )
-            };
-            let raw_conn = if raw_waiter {
                 Some(raw::pg_connect(&env.url, &app).await?)
-            } else {
-                None
             };
-            let opts = LockOptions::new().wait_strategy(env.p.strategy);
             let name = name.clone();
             tokio::spawn(async move {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     if let Some(c) = &raw_conn {
                         c.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]).await?;
+                        record(&released, &handoffs);
+                        c.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+                            .await?;
                     } else {
-                        let g = locker
+                        let g = waiter_locker
                             .as_ref()
                             .expect("one of the two")
                             .acquire(name.as_str(), &opts)
@@ -254,15 +271,8 @@ pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
                             .context("not acquired")?;
                         record(&released, &handoffs);
                         g.release().await?;
-                        // Gives the holder its turn.
-                        tokio::time::sleep(FOREIGN_PAUSE / 2).await;
-                        continue;
                     }
-                    record(&released, &handoffs);
-                    if let Some(c) = &raw_conn {
-                        c.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
-                            .await?;
-                    }
+                    // Gives the holder its turn.
                     tokio::time::sleep(FOREIGN_PAUSE / 2).await;
                 }
                 anyhow::Ok(())
@@ -272,31 +282,45 @@ pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
         let unlock = holder.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
         let end = Instant::now() + env.p.duration;
         while Instant::now() < end {
-            holder.execute(&lock, &[&k1, &k2]).await?;
+            let guard = match &holder_locker {
+                Some(l) => Some(
+                    l.acquire(name.as_str(), &LockOptions::new())
+                        .await?
+                        .context("not acquired")?,
+                ),
+                None => {
+                    holder.execute(&lock, &[&k1, &k2]).await?;
+                    None
+                }
+            };
             tokio::time::sleep(FOREIGN_HOLD).await;
             // Stamped before the unlock goes out: the waiter's grant and the
             // holder's answer leave the server together, and a stamp taken
             // on the answer raced the waiter's task (then that hand-off was
             // recorded one pause late: raw waiters measured 1.25 ms).
             *released.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-            holder.execute(&unlock, &[&k1, &k2]).await?;
+            match guard {
+                Some(g) => g.release().await?,
+                None => drop(holder.execute(&unlock, &[&k1, &k2]).await?),
+            }
             tokio::time::sleep(FOREIGN_PAUSE).await;
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         // The waiter may be blocked in the server: let it through.
-        drop(holder);
+        drop((holder, holder_locker));
         waiter.await??;
         let lat = std::mem::take(&mut *handoffs.lock().unwrap_or_else(|e| e.into_inner()));
         let mut row = Row::new("foreign", env.kind.as_str(), 1, lat, env.p.duration.as_secs_f64());
-        row.set(
-            "waiter",
-            if raw_waiter {
-                "raw pg_advisory_lock"
-            } else {
+        let who = |dbmutex: bool| {
+            if dbmutex {
                 "dbmutex"
-            },
-        );
-        if !raw_waiter {
+            } else {
+                "raw pg_advisory_lock"
+            }
+        };
+        row.set("holder", who(dbmutex_holder));
+        row.set("waiter", who(dbmutex_waiter));
+        if dbmutex_holder || dbmutex_waiter {
             row.set("strategy", strategy_name(env.p.strategy));
         }
         rows.push(row);
