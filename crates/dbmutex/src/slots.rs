@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::core::wait::{deadline, Backoff};
+use crate::core::wait::{Backoff, Deadline};
 use crate::{Error, LockGuard, LockName, LockOptions, Locker, Mode, Result};
 
 /// One of a semaphore's slots, held (see [`Locker::acquire_slot`]). Derefs
@@ -143,7 +143,7 @@ impl Locker {
         }
         LockName::Slot(name.clone(), 0).validate()?;
         let once = opts.clone().timeout(Duration::ZERO);
-        let mut backoff = Backoff::new(deadline(opts.timeout), opts.max_backoff);
+        let mut backoff = Backoff::new(Deadline::after(opts.timeout), opts.max_backoff);
         let first = fastrand::u32(0..slots);
         loop {
             for slot in (first..slots).chain(0..first) {

@@ -705,7 +705,13 @@ async fn server_default_lock_timeout_does_not_cut_unbounded_waits() {
     let l = Backend::Postgres.connect(Locker::builder(&impatient)).await;
     let name = unique("deflt");
     let g = holder.lock(name.as_str()).await.unwrap();
-    for opts in [server_wait(None), server_wait(None).transaction(true)] {
+    // The lock session's one-statement wait (the default), a session lock's
+    // and a transaction lock's on connections of their own.
+    for opts in [
+        LockOptions::new(),
+        server_wait(None),
+        server_wait(None).transaction(true),
+    ] {
         let (l2, n2, o2) = (l.clone(), name.clone(), opts.clone());
         let waiter = tokio::spawn(async move { l2.acquire(n2.as_str(), &o2).await });
         tokio::time::sleep(Duration::from_millis(700)).await;

@@ -13,10 +13,9 @@ use std::future::Future;
 use std::hash::Hash;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::arbiter::{Hold, SlotExt};
 use super::guard::{BoxFut, Grant};
+use super::wait::Deadline;
 use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{Holder, ListedLock};
@@ -96,8 +95,9 @@ pub(crate) struct Attempt<'a, B: Backend> {
     pub(crate) key: &'a B::Key,
     pub(crate) opts: &'a LockOptions,
     pub(crate) settings: &'a Settings,
-    /// When the wait ends (`None`: never); computed once, by the core.
-    pub(crate) deadline: Option<Instant>,
+    /// When the wait ends; computed once, by the core, and passed down
+    /// as is.
+    pub(crate) deadline: Deadline,
     /// The in-process hold, when the plan asked for one. A grant takes it
     /// (it is given back when the lock is released).
     pub(crate) hold: Option<Hold<B::Key, B::SlotExt>>,

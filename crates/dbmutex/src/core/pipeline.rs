@@ -19,7 +19,7 @@ use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
 use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
-use super::wait::{self, Backoff};
+use super::wait::{Backoff, Deadline};
 use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
@@ -130,7 +130,7 @@ impl<B: Backend> Pipeline<B> {
         let key = self.backend.key(&name)?;
         // Timed only for the debug log (a clock read is not free).
         let start = tracing::enabled!(tracing::Level::DEBUG).then(tokio::time::Instant::now);
-        let deadline = wait::deadline(opts.timeout);
+        let deadline = Deadline::after(opts.timeout);
         let grant = if start.is_some() {
             // The debug log's span, boxed: off, it costs the hot path's
             // future nothing.
@@ -152,7 +152,7 @@ impl<B: Backend> Pipeline<B> {
                     fence,
                     delay,
                 } = if opts.fenced || opts.lock_delay.is_some() {
-                    match Box::pin(settle::settle(g, &name, key.to_string(), opts, deadline)).await? {
+                    match Box::pin(settle::settle(g, &name, key.to_string(), opts, deadline.at())).await? {
                         Some(s) => s,
                         None => return Ok(None),
                     }
@@ -222,7 +222,7 @@ impl<B: Backend> Pipeline<B> {
         name: &LockName,
         key: &B::Key,
         opts: &LockOptions,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Deadline,
     ) -> Result<Option<Granted>> {
         let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
         let mut told = false;
@@ -230,7 +230,7 @@ impl<B: Backend> Pipeline<B> {
             // Retries are rare: boxed, so the first attempt's future is the
             // only one inline (a future this size is moved on every
             // acquisition).
-            let r = match (told, deadline) {
+            let r = match (told, deadline.at()) {
                 // A retry's connect must not outlast the caller's bound.
                 (true, Some(d)) => {
                     match tokio::time::timeout_at(d, Box::pin(self.grant_once(name, key, opts, deadline)))
@@ -263,13 +263,13 @@ impl<B: Backend> Pipeline<B> {
         name: &LockName,
         key: &B::Key,
         opts: &LockOptions,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Deadline,
     ) -> Result<Option<Granted>> {
         let plan = self.backend.plan(opts);
         // In-process first: costs the server nothing, and the server could
         // not tell the tasks on one session apart anyway.
         let hold = if plan.hold {
-            match self.arbiter.hold(key, opts.mode, deadline).await {
+            match self.arbiter.hold(key, opts.mode, deadline.at()).await {
                 Some(h) => Some(h),
                 None => return Ok(None),
             }
@@ -304,7 +304,7 @@ impl<B: Backend> Pipeline<B> {
                 if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
                     return Ok(Some(Granted::new(g, None)));
                 }
-                if opts.is_try_once() || at.deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                if opts.is_try_once() || at.deadline.passed() {
                     return Ok(None);
                 }
                 return Box::pin(self.wait_after_try(tries, &mut at, max_backoff)).await;

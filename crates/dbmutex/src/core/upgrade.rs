@@ -22,7 +22,7 @@ use super::backend::{Backend, Missing};
 use super::loss::LossToken;
 use super::queue::{Queued, Want};
 pub(crate) use super::upgradable::Upgrade;
-use super::wait::{self, Backoff};
+use super::wait::{Backoff, Deadline};
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
 /// An acquisition of `name` in `wanted` by a task that holds it `held`
@@ -169,7 +169,7 @@ pub(crate) async fn acquire<B: Backend>(
             why.unwrap_or_else(|| "this lock cannot be upgraded".into()),
         ));
     };
-    let deadline = wait::deadline(opts.timeout);
+    let deadline = Deadline::after(opts.timeout);
     let deadlock = |who: &str| Error::Deadlock {
         name: name.to_string(),
         source: format!(
@@ -177,7 +177,7 @@ pub(crate) async fn acquire<B: Backend>(
         )
         .into(),
     };
-    let upgrading = match begin(arbiter, key, up.in_process(), deadline).await {
+    let upgrading = match begin(arbiter, key, up.in_process(), deadline.at()).await {
         Err(()) => return Err(deadlock("another task of this locker")),
         Ok(None) => return Ok(None),
         Ok(Some(u)) => u,

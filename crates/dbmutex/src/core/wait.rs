@@ -13,10 +13,44 @@ use crate::Result;
 /// The first sleep between two attempts.
 const FIRST_BACKOFF: Duration = Duration::from_millis(2);
 
-/// The absolute deadline for a wait bound (`None`: wait forever). A bound
-/// too far away for the clock (centuries) is the same as forever.
-pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(|d| Instant::now().checked_add(d))
+/// When one acquisition's wait ends: computed once from the caller's bound
+/// and passed down as is (a backend's server wait reads what is left of it
+/// where it builds its statement, never a timeout re-derived on the way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// No end: wait until granted.
+    pub(crate) const NEVER: Deadline = Deadline(None);
+
+    /// The deadline for a wait bound from now (`None`: wait forever; zero:
+    /// now, a try-once). A bound too far away for the clock (centuries) is
+    /// the same as forever.
+    pub(crate) fn after(timeout: Option<Duration>) -> Self {
+        Deadline(timeout.and_then(|d| Instant::now().checked_add(d)))
+    }
+
+    /// The instant it ends (`None`: never).
+    pub(crate) fn at(self) -> Option<Instant> {
+        self.0
+    }
+
+    /// What is left of the wait (`None`: forever; zero once passed).
+    pub(crate) fn remaining(self) -> Option<Duration> {
+        self.0.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether it has passed: what is left is one try (a try-once's
+    /// deadline has passed from the start).
+    pub(crate) fn passed(self) -> bool {
+        self.0.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// What is left in whole milliseconds, rounded up and at least 1 (a
+    /// server's "0 ms" often means "no bound"); `None`: forever.
+    pub(crate) fn millis_left(self) -> Option<u128> {
+        self.remaining().map(|d| d.as_nanos().div_ceil(1_000_000).max(1))
+    }
 }
 
 /// A sleep of `base`, scaled by a random factor in [0.5, 1.0) so waiters that
@@ -25,23 +59,18 @@ fn jittered(base: Duration) -> Duration {
     base.mul_f64(0.5 + fastrand::f64() * 0.5)
 }
 
-/// What is left of the wait until `deadline` (`None`: forever).
-pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
-    deadline.map(|d| d.saturating_duration_since(Instant::now()))
-}
-
 /// The pauses between the attempts of one polling wait: doubling, jittered,
 /// capped at `max`; woken early by a notification registered before the
 /// attempt (so a release between the attempt and the pause is not missed).
 pub(crate) struct Backoff {
     next: Duration,
     max: Duration,
-    deadline: Option<Instant>,
+    deadline: Deadline,
     first: bool,
 }
 
 impl Backoff {
-    pub(crate) fn new(deadline: Option<Instant>, max: Duration) -> Self {
+    pub(crate) fn new(deadline: Deadline, max: Duration) -> Self {
         Backoff {
             next: FIRST_BACKOFF.min(max),
             max,
@@ -60,7 +89,7 @@ impl Backoff {
         }
         let now = Instant::now();
         let mut until = now + jittered(self.next);
-        if let Some(d) = self.deadline {
+        if let Some(d) = self.deadline.at() {
             if now >= d {
                 return false;
             }
@@ -83,7 +112,7 @@ impl Backoff {
 ///
 /// Cancel safety: as cancel-safe as `attempt` is; nothing else is held.
 pub(crate) async fn poll_until<T, F, Fut>(
-    deadline: Option<Instant>,
+    deadline: Deadline,
     max_backoff: Duration,
     wake: Option<&Notify>,
     mut attempt: F,
@@ -112,12 +141,30 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
+    async fn a_deadline_tells_what_is_left() {
+        let d = Deadline::after(Some(Duration::from_micros(300_500)));
+        assert_eq!(d.millis_left(), Some(301), "rounded up");
+        assert!(!d.passed());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(d.millis_left(), Some(1), "never 0 while bounded");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(d.passed());
+        assert_eq!(d.remaining(), Some(Duration::ZERO));
+        assert_eq!(d.millis_left(), Some(1), "passed: still a bound");
+        let now = Deadline::after(Some(Duration::ZERO));
+        assert!(now.passed(), "a try-once's deadline has passed from the start");
+        assert!(!Deadline::NEVER.passed());
+        assert_eq!(Deadline::NEVER.remaining(), None);
+        assert_eq!(Deadline::NEVER.millis_left(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn gives_up_after_a_last_attempt_at_the_deadline() {
         let start = Instant::now();
         let mut attempts = 0;
         let mut last = start;
         let r: Option<()> = poll_until(
-            deadline(Some(Duration::from_millis(300))),
+            Deadline::after(Some(Duration::from_millis(300))),
             Duration::from_millis(100),
             None,
             || {
@@ -144,8 +191,8 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            assert!(deadline(Some(Duration::MAX)).is_none());
-            assert!(deadline(Some(Duration::from_secs(1))).is_some());
+            assert_eq!(Deadline::after(Some(Duration::MAX)), Deadline::NEVER);
+            assert!(Deadline::after(Some(Duration::from_secs(1))).at().is_some());
         });
     }
 
@@ -159,7 +206,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1000)).await;
             w2.notify_waiters();
         });
-        let r = poll_until(None, Duration::from_secs(60), Some(&wake), || {
+        let r = poll_until(Deadline::NEVER, Duration::from_secs(60), Some(&wake), || {
             n += 1;
             let done = Instant::now() - start >= Duration::from_millis(1000);
             async move { Ok(done.then_some(())) }

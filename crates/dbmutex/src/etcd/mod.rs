@@ -173,7 +173,7 @@ impl Backend for EtcdBackend {
             let key = format!("{}{:x}-{n:x}", at.key, session.lease);
             let note = introspect::note(&self.application);
             let hold = at.hold.take();
-            match queue::enqueue(&self.client, session, at.key, key, note, at.deadline, hold).await? {
+            match queue::enqueue(&self.client, session, at.key, key, note, at.deadline.at(), hold).await? {
                 queue::Queued::Head(g) => Ok(Waited::Granted(g)),
                 queue::Queued::TimedOut => Ok(Waited::TimedOut),
             }

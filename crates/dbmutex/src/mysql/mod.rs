@@ -234,7 +234,7 @@ impl MyBackend {
                 &self.shared.runtime,
                 &mut conn,
                 lock,
-                at.deadline,
+                at.deadline.at(),
                 keepalive,
             )
             .await

@@ -55,7 +55,7 @@ pub(super) async fn wait<B: Backend<Key = String>>(
         claim,
         lock: at.key.clone(),
         name: at.name.clone(),
-        deadline: at.deadline,
+        deadline: at.deadline.at(),
         keepalive: at.settings.keepalive,
     };
     // A task of its own: if this acquisition is dropped midway, the task

@@ -16,7 +16,7 @@ use crate::core::detach::Undo;
 use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
 use crate::core::idle::Idle;
 use crate::core::loss::LossToken;
-use crate::core::wait;
+use crate::core::wait::Deadline;
 use crate::key::PgKey;
 use crate::runs::{RunStart, Who};
 use crate::settings::Settings;
@@ -55,7 +55,7 @@ impl Spares {
         &self,
         connector: &Connector,
         settings: &Settings,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Deadline,
         room: impl FnOnce() -> R,
     ) -> Result<bool> {
         if let Some(c) = self.0.take() {
@@ -92,35 +92,45 @@ impl Spares {
         ticket: budget::Slot,
         hold: Option<PgHold>,
     ) -> Result<Option<Box<dyn Grant>>> {
-        let (settings, name, key, deadline) = (at.settings, at.name, *at.key, at.deadline);
+        let (settings, name, key, opts, deadline) = (at.settings, at.name, *at.key, at.opts, at.deadline);
         // A try-once still gets its connection (within connect_timeout); a
         // bounded wait connects within its bound.
-        let connect_by = if at.opts.is_try_once() { None } else { deadline };
+        let connect_by = if opts.is_try_once() {
+            Deadline::NEVER
+        } else {
+            deadline
+        };
         let comment = settings.name_comments;
         // A lock session's wait (it has the in-process hold) is one
         // statement ([`wait_session_one`]), and its unlock goes as the lock
         // session's statements do (prepared on a direct connection).
-        let as_session = hold.is_some() && !at.opts.transaction;
+        let as_session = hold.is_some() && !opts.transaction;
         let text = |c: &PgConn| match (as_session, comment) {
-            (true, _) => c.session_text(comment, at.opts.mode, &key),
+            (true, _) => c.session_text(comment, opts.mode, &key),
             (false, true) => Text::Named,
             (false, false) => Text::Plain,
         };
-        // The bound is what is left of the acquisition's deadline.
-        let opts = &at.opts.clone().timeout_opt(wait::remaining(deadline));
+        // Every wait reads what is left of the acquisition's deadline.
+        let wait = |c| {
+            wait_dedicated(
+                c,
+                name,
+                key,
+                opts,
+                deadline,
+                text(c),
+                as_session.then_some(comment),
+            )
+        };
         let (conn, got) = match self.0.take() {
-            Some(c) => match wait_dedicated(&c, name, key, opts, text(&c), as_session.then_some(comment))
-                .await
-            {
+            Some(c) => match wait(&c).await {
                 // A spare may have died unnoticed while idle.
                 Err(Error::Connect(_)) => {
                     c.close();
-                    let opts = opts.clone().timeout_opt(wait::remaining(deadline));
                     let Some(c) = Box::pin(connect_within(connector, settings, connect_by)).await? else {
                         return Ok(None);
                     };
-                    let got =
-                        wait_dedicated(&c, name, key, &opts, text(&c), as_session.then_some(comment)).await;
+                    let got = wait(&c).await;
                     (c, got)
                 }
                 got => (c, got),
@@ -129,7 +139,7 @@ impl Spares {
                 let Some(c) = Box::pin(connect_within(connector, settings, connect_by)).await? else {
                     return Ok(None);
                 };
-                let got = wait_dedicated(&c, name, key, opts, text(&c), as_session.then_some(comment)).await;
+                let got = wait(&c).await;
                 (c, got)
             }
         };
@@ -173,10 +183,10 @@ impl Spares {
 async fn connect_within(
     connector: &Connector,
     settings: &Settings,
-    deadline: Option<tokio::time::Instant>,
+    deadline: Deadline,
 ) -> Result<Option<Arc<PgConn>>> {
     let connect = connector.connect(settings, false);
-    match deadline {
+    match deadline.at() {
         None => connect.await.map(Some),
         Some(d) => match tokio::time::timeout_at(d, connect).await {
             Ok(r) => r.map(Some),

@@ -4,8 +4,11 @@
 //! decimal numbers; the only text from the caller is the lock name, which
 //! appears solely inside an SQL comment escaped by [`key::sql_comment`].
 
+use std::borrow::Cow;
+
 use tokio_postgres::types::{ToSql, Type};
 
+use crate::core::wait::Deadline;
 use crate::key::{self, PgKey};
 use crate::{LockName, Mode};
 
@@ -106,24 +109,165 @@ pub(crate) fn bound_plain<'a>(
     (sql, params)
 }
 
-/// A session-lock wait bounded by its own `lock_timeout` in one statement:
-/// `SELECT set_config('lock_timeout', $t, true), set_config(
-/// 'statement_timeout', '0', true), fn($1[, $2]) WHERE <guard>`, the same
-/// text for every name (prepared once per connection), the timeout (`"Nms"`,
-/// `"0"`: none) bound last. In autocommit the statement is its own
-/// transaction, so the settings end with it; the target list is evaluated
-/// in order, so they apply to the wait (observed: DB-FACTS.md).
-pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey) -> String {
-    let f = function(Call::Wait, false, mode);
-    let (args, owner, timeout) = match key {
-        PgKey::Pair(..) => ("$1, $2", "$3", "$4"),
-        PgKey::Big(_) => ("$1", "$2", "$3"),
-    };
+/// What puts a bounded wait's settings back, so that they read as before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Within {
+    /// Autocommit: the statement's own transaction, or a batch's implicit
+    /// one, ends them.
+    Autocommit,
+    /// A transaction the batch begins (`BEGIN`) on a connection of its own:
+    /// set back to the session's values after the wait.
+    NewTransaction,
+    /// A transaction the caller has open: the wait runs in a savepoint, the
+    /// values before are read first (its first two rows) and put back with
+    /// [`restore_settings`]; after a failure, [`ROLLBACK_WAIT`] recovers the
+    /// transaction.
+    OpenTransaction,
+}
+
+/// How a bounded wait's text carries the key, the claim token and the bound.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Form {
+    /// One statement, preparable: the key `$1[, $2]`, the claim token next
+    /// (if guarded), the bound ([`lock_timeout`]) last. Autocommit only.
+    Bound,
+    /// A simple-protocol batch with everything inlined, the bound read from
+    /// the deadline here, as the text is built.
+    Inline(Deadline),
+}
+
+/// A wait in the server bounded by its own `lock_timeout`, with
+/// `statement_timeout` off for it (a role's or database's defaults must not
+/// cut short the wait the caller chose), the settings reading as before
+/// afterwards. The one recipe for every such wait: [`Self::text`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BoundedWait<'a> {
+    /// A transaction-level lock (else a session lock).
+    pub(crate) xact: bool,
+    pub(crate) mode: Mode,
+    pub(crate) key: &'a PgKey,
+    /// The claim token of the guard the statement carries ([`guard`]; in
+    /// [`Form::Bound`] it is bound, not inlined); `None`: no guard (a
+    /// session lock on a caller's own connection).
+    pub(crate) claim: Option<&'a str>,
+    /// The name, in a comment (`None`: name comments off).
+    pub(crate) comment: Option<&'a LockName>,
+    pub(crate) within: Within,
+    pub(crate) form: Form,
+}
+
+/// The statement that ends a caller's failed wait ([`Within::OpenTransaction`]):
+/// the transaction, its settings and its other locks are as before the wait.
+pub(crate) const ROLLBACK_WAIT: &str = "ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait";
+
+impl BoundedWait<'_> {
+    /// The text. In a batch the settings are a statement of their own before
+    /// the lock's: PostgreSQL starts a statement's `statement_timeout` when
+    /// the statement starts, and a batch's next statement starts afresh.
+    /// [`Form::Bound`] sets them in the lock statement's target list, which
+    /// is evaluated in order (observed: DB-FACTS.md): `lock_timeout` applies
+    /// to the wait, but a `statement_timeout` already running for the
+    /// statement goes on.
+    pub(crate) fn text(&self) -> String {
+        let f = function(Call::Wait, self.xact, self.mode);
+        let comment = self
+            .comment
+            .map(|n| format!(" /* {} */", key::sql_comment(n)))
+            .unwrap_or_default();
+        let Form::Inline(deadline) = self.form else {
+            debug_assert!(self.within == Within::Autocommit && !self.xact);
+            let (args, next) = match self.key {
+                PgKey::Pair(..) => ("$1, $2", 3),
+                PgKey::Big(_) => ("$1", 2),
+            };
+            let (guard, bound) = match self.claim {
+                Some(_) => (
+                    format!(" WHERE {}", guard(self.xact, self.key, &format!("${next}"))),
+                    next + 1,
+                ),
+                None => (String::new(), next),
+            };
+            let set = settings(&format!("${bound}"));
+            return format!("SELECT {set}, {f}({args}){guard}{comment}");
+        };
+        let guard = self
+            .claim
+            .map(|owner| {
+                debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
+                format!(" WHERE {}", guard(self.xact, self.key, &format!("'{owner}'")))
+            })
+            .unwrap_or_default();
+        let set = format!("SELECT {}", settings(&format!("'{}'", lock_timeout(deadline))));
+        let lock = format!("SELECT {f}({}){guard}{comment}", self.key.sql_args());
+        match self.within {
+            Within::Autocommit => format!("{set}; {lock}"),
+            Within::NewTransaction => format!(
+                "BEGIN; {set}; {lock}; SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT"
+            ),
+            Within::OpenTransaction => format!(
+                "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
+                 SELECT current_setting('statement_timeout'); {set}; {lock}; RELEASE SAVEPOINT dbmutex_wait"
+            ),
+        }
+    }
+
+    /// How many rows the text answers when the lock statement ran (fewer:
+    /// the claim guard refused it on a session that is not ours).
+    pub(crate) fn rows(&self) -> usize {
+        match (self.form, self.within) {
+            (Form::Bound, _) => 1,
+            (_, Within::OpenTransaction) => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// The two transaction-local settings of a bounded wait, `lock_timeout`
+/// from `bound` (SQL: a parameter or a literal).
+fn settings(bound: &str) -> String {
+    format!("set_config('lock_timeout', {bound}, true), set_config('statement_timeout', '0', true)")
+}
+
+/// `lock_timeout` for a wait until `deadline`: what is left in whole
+/// milliseconds (rounded up, at least 1: 0 would mean "no timeout"), at
+/// most the server's maximum (about 24.8 days; a longer bound waits that
+/// long), or `0` (no timeout) for a wait without one.
+pub(crate) fn lock_timeout(deadline: Deadline) -> Cow<'static, str> {
+    match deadline.millis_left() {
+        Some(ms) => format!("{}ms", ms.min(i32::MAX as u128)).into(),
+        None => "0".into(),
+    }
+}
+
+/// After a caller's granted wait ([`Within::OpenTransaction`]): the
+/// settings read before it (a setting made in a released savepoint lasts
+/// until the transaction ends) put back.
+pub(crate) fn restore_settings(lock_timeout: &str, statement_timeout: &str) -> String {
     format!(
-        "SELECT set_config('lock_timeout', {timeout}, true), set_config('statement_timeout', '0', true), \
-         {f}({args}) WHERE {}",
-        guard(false, key, owner)
+        "SELECT set_config('lock_timeout', {}, true), set_config('statement_timeout', {}, true)",
+        literal(lock_timeout),
+        literal(statement_timeout)
     )
+}
+
+/// `value` as an SQL string literal, whatever `standard_conforming_strings` says.
+fn literal(value: &str) -> String {
+    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// [`BoundedWait`] for a lock session's wait, prepared once per connection:
+/// the same text for every name, bound as [`Params`] and then [`lock_timeout`].
+pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey) -> String {
+    BoundedWait {
+        xact: false,
+        mode,
+        key,
+        claim: Some(""),
+        comment: None,
+        within: Within::Autocommit,
+        form: Form::Bound,
+    }
+    .text()
 }
 
 /// `SELECT fn($1[, $2]) WHERE <guard>` with the claim token inlined, for a
@@ -165,19 +309,6 @@ pub(crate) fn inline(
     }
 }
 
-/// `lock_timeout` value for a wait bound: whole milliseconds, at least 1
-/// (0 would mean "no timeout"), at most the server's maximum (about 24.8
-/// days; a longer bound waits that long).
-pub(crate) fn lock_timeout_ms(d: std::time::Duration) -> u128 {
-    d.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128)
-}
-
-/// `lock_timeout` for a wait: the bound in milliseconds, or `0` (no
-/// timeout) for a wait without one.
-pub(crate) fn wait_ms(timeout: Option<std::time::Duration>) -> u128 {
-    timeout.map_or(0, lock_timeout_ms)
-}
-
 /// Typed parameters of a bound statement: the key, then the claim token.
 pub(crate) enum Params<'a> {
     Pair(i32, i32, &'a str),
@@ -216,73 +347,4 @@ impl<'a> Params<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn names() {
-        assert_eq!(
-            function(Call::Try, false, Mode::Exclusive),
-            "pg_try_advisory_lock"
-        );
-        assert_eq!(
-            function(Call::Wait, true, Mode::Shared),
-            "pg_advisory_xact_lock_shared"
-        );
-        assert_eq!(
-            function(Call::Unlock, false, Mode::Shared),
-            "pg_advisory_unlock_shared"
-        );
-        let (s, _) = bound(
-            Call::Try,
-            false,
-            Mode::Exclusive,
-            &PgKey::Pair(1, 2),
-            Some(&"a*/b".into()),
-            "ab12",
-        );
-        assert_eq!(
-            s,
-            "SELECT pg_try_advisory_lock($1, $2) WHERE current_setting('dbmutex.owner', true) = $3 /* a--b */"
-        );
-        assert_eq!(
-            inline(
-                Call::Wait,
-                false,
-                Mode::Exclusive,
-                &PgKey::Big(-5),
-                Some(&"x".into()),
-                "ab12"
-            ),
-            "SELECT pg_advisory_lock(-5) WHERE current_setting('dbmutex.owner', true) = 'ab12' /* x */"
-        );
-        assert_eq!(
-            inline(Call::Wait, false, Mode::Exclusive, &PgKey::Big(-5), None, "ab12"),
-            "SELECT pg_advisory_lock(-5) WHERE current_setting('dbmutex.owner', true) = 'ab12'",
-            "name comments off: no comment"
-        );
-        assert!(inline(Call::Wait, true, Mode::Exclusive, &PgKey::Big(-5), Some(&"x".into()), "")
-            .starts_with("SELECT pg_advisory_xact_lock(-5) WHERE (coalesce(current_setting('dbmutex.owner', true), '') IN ('', '') OR NOT EXISTS"));
-    }
-
-    #[test]
-    fn prepared_bodies_inline_only_the_token() {
-        assert_eq!(
-            prepared_body(Call::Try, Mode::Shared, &PgKey::Pair(1, 2), "ab12"),
-            "SELECT pg_try_advisory_lock_shared($1, $2) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
-        );
-        assert_eq!(
-            prepared_body(Call::Unlock, Mode::Exclusive, &PgKey::Big(9), "ab12"),
-            "SELECT pg_advisory_unlock($1) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
-        );
-    }
-
-    #[test]
-    fn timeouts_round_up() {
-        assert_eq!(lock_timeout_ms(Duration::from_micros(1)), 1);
-        assert_eq!(lock_timeout_ms(Duration::from_millis(300)), 300);
-        assert_eq!(lock_timeout_ms(Duration::from_micros(300_500)), 301);
-        assert_eq!(lock_timeout_ms(Duration::MAX), i32::MAX as u128);
-    }
-}
+mod tests;

@@ -12,14 +12,16 @@
 //! fails with [`Error::Deadlock`] at once (each would wait for the other).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::errors::{db_err, is_lock_timeout, row_count};
 use super::session_lock::SessionLock;
-use super::sql::{self, Call};
+use super::sql;
 use crate::core::detach::Undo;
 use crate::core::guard::BoxFuture;
 use crate::core::loss::LossToken;
 use crate::core::upgradable::Upgrade;
+use crate::core::wait::Deadline;
 use crate::key::PgKey;
 use crate::{Error, Mode, Result};
 
@@ -124,30 +126,28 @@ impl Upgrade for PgUpgrade {
 
 /// The bound of [`ahead_of_waiters`]' request: granted at once when only
 /// waiters are queued; anything longer means the queue changed.
-const AHEAD_MS: u64 = 200;
+const AHEAD: Duration = Duration::from_millis(200);
 
 /// A blocking exclusive request of the shared lock's session, with
 /// `lock_timeout` set for it only (one implicit transaction); `false` when
 /// it timed out. Run to its end on the session's runtime, so that a
 /// dropped upgrade gives back a lock the request took.
 async fn ahead_of_waiters(lock: SessionLock) -> Result<bool> {
-    let owner = lock.conn.owner().to_owned();
-    let sql = format!(
-        "SET LOCAL lock_timeout = '{AHEAD_MS}ms'; SET LOCAL statement_timeout = 0; {}",
-        sql::inline(
-            Call::Wait,
-            false,
-            Mode::Exclusive,
-            &lock.key,
-            Some(&lock.name),
-            &owner
-        )
-    );
+    let wait = sql::BoundedWait {
+        xact: false,
+        mode: Mode::Exclusive,
+        key: &lock.key,
+        claim: Some(lock.conn.owner()),
+        comment: Some(&lock.name),
+        within: sql::Within::Autocommit,
+        form: sql::Form::Inline(Deadline::after(Some(AHEAD))),
+    };
+    let (sql, rows) = (wait.text(), wait.rows());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let runtime = lock.conn.runtime.clone();
     runtime.spawn(async move {
         let r = match lock.conn.client.simple_query(&sql).await {
-            Ok(msgs) if row_count(&msgs) == 1 => Ok(true),
+            Ok(msgs) if row_count(&msgs) == rows => Ok(true),
             Ok(_) => Err(Error::Unsupported(super::pooler::SESSION_LOCKS_UNSAFE.into())),
             Err(e) if is_lock_timeout(&e) => Ok(false),
             Err(e) => Err(db_err(e, &lock.name)),

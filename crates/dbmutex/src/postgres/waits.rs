@@ -12,35 +12,37 @@ use super::pooler;
 use super::sql::{self, Call};
 use super::xact::wait_xact_dedicated;
 use crate::core::detach::Undo;
+use crate::core::wait::Deadline;
 use crate::key::PgKey;
 use crate::{Error, LockName, LockOptions, Result};
 
-/// The wait on a dedicated connection, cancel-safe: if the future is dropped
-/// while a statement may still run, the statement is cancelled and the
-/// session closed.
+/// The wait on a dedicated connection until `deadline` (once it has
+/// passed, one try), cancel-safe: if the future is dropped while a
+/// statement may still run, the statement is cancelled and the session
+/// closed. Of `opts`, the mode, the lock's level and the strategy count.
 pub(super) async fn wait_dedicated(
     conn: &Arc<PgConn>,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    deadline: Deadline,
     text: Text,
     session_names: Option<bool>,
 ) -> Result<bool> {
     let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
+    let named = text == Text::Named;
     let got = match session_names {
         // A lock session's wait goes as its try does: prepared and nameless
         // on a direct connection (the name then shows in the keepalive
         // probe once granted), else with the name in a comment if names go
         // in comments (`session_names`).
-        Some(names) if !opts.is_try_once() => {
-            wait_session_one(conn, name, key, opts, names && text != Text::Prepared).await
+        Some(names) if !deadline.passed() => {
+            wait_session_one(conn, name, key, opts, deadline, names && text != Text::Prepared).await
         }
         // Boxed: a lock session's wait is the common one, and these futures
         // would make every wait's larger.
-        _ if opts.transaction => {
-            Box::pin(wait_xact_dedicated(conn, name, key, opts, text == Text::Named)).await
-        }
-        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, text == Text::Named)).await,
+        _ if opts.transaction => Box::pin(wait_xact_dedicated(conn, name, key, opts, deadline, named)).await,
+        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, deadline, named)).await,
     };
     abandon.disarm();
     got
@@ -57,34 +59,34 @@ async fn claimed(conn: &Arc<PgConn>) -> Result<()> {
 }
 
 /// A lock session's wait in the server, as one statement
-/// ([`sql::bounded_wait_plain`]): with the name in a comment (parsed each
-/// time, so `pg_stat_activity` shows who waits for what), or without,
-/// prepared once per connection (name comments off).
+/// ([`sql::Form::Bound`]): with the name in a comment (parsed each time, so
+/// `pg_stat_activity` shows who waits for what), or without, prepared once
+/// per connection (name comments off: [`sql::bounded_wait_plain`]).
 async fn wait_session_one(
     conn: &Arc<PgConn>,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    deadline: Deadline,
     comment: bool,
 ) -> Result<bool> {
     claimed(conn).await?;
-    let bounded;
-    let ms: &str = match sql::wait_ms(opts.timeout) {
-        0 => "0",
-        ms => {
-            bounded = format!("{ms}ms");
-            &bounded
-        }
-    };
     let params = sql::Params::of(&key, conn.owner());
     // Whether the statement returned its one row (none: the claim check
     // refused it on a session that is not ours).
     let ran = if comment {
-        let sql = format!(
-            "{} /* {} */",
-            sql::bounded_wait_plain(opts.mode, &key),
-            crate::key::sql_comment(name)
-        );
+        let sql = sql::BoundedWait {
+            xact: false,
+            mode: opts.mode,
+            key: &key,
+            claim: Some(conn.owner()),
+            comment: Some(name),
+            within: sql::Within::Autocommit,
+            form: sql::Form::Bound,
+        }
+        .text();
+        let ms = sql::lock_timeout(deadline);
+        let ms = &*ms;
         let mut typed = params.as_typed();
         typed.push((&ms, tokio_postgres::types::Type::TEXT));
         conn.client
@@ -94,6 +96,8 @@ async fn wait_session_one(
     } else {
         match conn.prepared_wait(opts.mode, &key).await {
             Ok(stmt) => {
+                let ms = sql::lock_timeout(deadline);
+                let ms = &*ms;
                 // On the stack, and counted, not collected: every wait of a
                 // fleet runs this.
                 let (values, n) = params.values();
@@ -142,16 +146,18 @@ async fn settle_wait(
     }
 }
 
-/// A session lock on a dedicated connection, waiting in the server.
+/// A session lock on a dedicated connection, waiting in the server until
+/// `deadline` (once it has passed, one try).
 async fn wait_session_dedicated(
     conn: &Arc<PgConn>,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    deadline: Deadline,
     comment: bool,
 ) -> Result<bool> {
     claimed(conn).await?;
-    if opts.is_try_once() {
+    if deadline.passed() {
         let (sql, params) = sql::bound(
             Call::Try,
             false,
@@ -171,28 +177,20 @@ async fn wait_session_dedicated(
         }
         return first_bool(&rows);
     }
-    let lock = sql::inline(
-        Call::Wait,
-        false,
-        opts.mode,
-        &key,
-        comment.then_some(name),
-        conn.owner(),
-    );
-    // A multi-statement simple query runs as one implicit transaction, so
-    // the transaction-local settings end with it: one round trip, and the
-    // session's own settings are never touched. Both are set even for an
-    // unbounded wait: a role's or database's default lock_timeout or
-    // statement_timeout must not cut short the wait the caller chose.
-    let batch = format!(
-        "SELECT set_config('lock_timeout', '{}ms', true), set_config('statement_timeout', '0', true); {lock}",
-        sql::wait_ms(opts.timeout)
-    );
-    // One row from the settings, one from the lock.
+    // One round trip; the session's own settings are never touched.
+    let wait = sql::BoundedWait {
+        xact: false,
+        mode: opts.mode,
+        key: &key,
+        claim: Some(conn.owner()),
+        comment: comment.then_some(name),
+        within: sql::Within::Autocommit,
+        form: sql::Form::Inline(deadline),
+    };
     let ran = conn
         .client
-        .simple_query(&batch)
+        .simple_query(&wait.text())
         .await
-        .map(|msgs| row_count(&msgs) == 2);
+        .map(|msgs| row_count(&msgs) == wait.rows());
     settle_wait(conn, name, key, opts, ran).await
 }

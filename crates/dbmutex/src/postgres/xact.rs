@@ -9,13 +9,13 @@ use super::caller::procedure::{acquire, Request, SESSION_OF_ANOTHER};
 use super::caller::{NotAcquired, XactLock};
 use super::conn::PgConn;
 use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
-use super::sql::{self, Call};
-use crate::core::wait;
+use super::sql::{self, BoundedWait, Call, Form, Within};
+use crate::core::wait::{self, Deadline};
 use crate::key::{PgKey, Prefix};
 use crate::{Error, LockName, LockOptions, Result, WaitStrategy};
 
 /// `pg_try_advisory_xact_lock*` in the open transaction of `c`, retried
-/// with backoff until `opts`' bound. `owner` is the session's claim token
+/// with backoff until `deadline`. `owner` is the session's claim token
 /// (empty: the caller's own connection, not claimed); `comment`: whether
 /// the statement carries the name.
 async fn poll_xact<C: GenericClient + Sync>(
@@ -23,11 +23,12 @@ async fn poll_xact<C: GenericClient + Sync>(
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    deadline: Deadline,
     owner: &str,
     comment: bool,
 ) -> Result<bool> {
     let (sql, params) = sql::bound(Call::Try, true, opts.mode, &key, comment.then_some(name), owner);
-    let got = wait::poll_until(wait::deadline(opts.timeout), opts.max_backoff, None, || async {
+    let got = wait::poll_until(deadline, opts.max_backoff, None, || async {
         let rows = c
             .query_typed(&sql, &params.as_typed())
             .await
@@ -41,35 +42,33 @@ async fn poll_xact<C: GenericClient + Sync>(
     Ok(got.is_some())
 }
 
-/// A transaction-level lock inside a transaction opened on a dedicated connection.
+/// A transaction-level lock inside a transaction opened on a dedicated
+/// connection, until `deadline` (once it has passed, one try).
 pub(crate) async fn wait_xact_dedicated(
     conn: &PgConn,
     name: &LockName,
     key: PgKey,
     opts: &LockOptions,
+    deadline: Deadline,
     comment: bool,
 ) -> Result<bool> {
     let c = &conn.client;
-    if opts.strategy == WaitStrategy::Poll || opts.is_try_once() {
+    if opts.strategy == WaitStrategy::Poll || deadline.passed() {
         c.batch_execute("BEGIN").await.map_err(|e| db_err(e, name))?;
-        return poll_xact(c, name, key, opts, conn.owner(), comment).await;
+        return poll_xact(c, name, key, opts, deadline, conn.owner(), comment).await;
     }
-    let lock = sql::inline(
-        Call::Wait,
-        true,
-        opts.mode,
-        &key,
-        comment.then_some(name),
-        conn.owner(),
-    );
-    let batch = format!(
-        "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0; {lock}; \
-         SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT",
-        sql::wait_ms(opts.timeout)
-    );
+    let wait = BoundedWait {
+        xact: true,
+        mode: opts.mode,
+        key: &key,
+        claim: Some(conn.owner()),
+        comment: comment.then_some(name),
+        within: Within::NewTransaction,
+        form: Form::Inline(deadline),
+    };
     // A timeout aborts the transaction, and its locks with it: no race.
-    match c.simple_query(&batch).await {
-        Ok(msgs) if row_count(&msgs) == 1 => Ok(true),
+    match c.simple_query(&wait.text()).await {
+        Ok(msgs) if row_count(&msgs) == wait.rows() => Ok(true),
         Ok(_) => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
         Err(e) if is_lock_timeout(&e) => Ok(false),
         Err(e) => Err(db_err(e, name)),

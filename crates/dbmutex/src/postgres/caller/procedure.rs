@@ -3,10 +3,11 @@
 
 use std::future::Future;
 
-use crate::core::{metrics, wait};
+use crate::core::metrics;
+use crate::core::wait::{Backoff, Deadline};
 use crate::key::{pg_key, PgKey, Prefix};
 use crate::postgres::errors::{map_failure, Failure};
-use crate::postgres::sql::{self, Call};
+use crate::postgres::sql::{self, BoundedWait, Call, Form, Within};
 use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
 
@@ -118,7 +119,7 @@ pub(crate) async fn acquire<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool>
 }
 
 async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
-    let deadline = wait::deadline(r.opts.timeout);
+    let deadline = Deadline::after(r.opts.timeout);
     // No name on the try: one text per key form, and nobody sees it. The
     // server wait carries it, where pg_stat_activity shows it.
     let try_sql = r.statement(Call::Try, None);
@@ -129,7 +130,7 @@ async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
         return Ok(false);
     }
     if r.opts.strategy == WaitStrategy::Poll {
-        let mut backoff = wait::Backoff::new(deadline, r.opts.max_backoff);
+        let mut backoff = Backoff::new(deadline, r.opts.max_backoff);
         while backoff.pause(None).await {
             if try_lock(c, &try_sql, r.name).await? {
                 return Ok(true);
@@ -137,7 +138,7 @@ async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
         }
         return Ok(false);
     }
-    wait_in_server(c, r, wait::remaining(deadline)).await
+    wait_in_server(c, r, deadline).await
 }
 
 async fn try_lock<E: Exec>(c: &mut E, sql: &str, name: &LockName) -> Result<bool> {
@@ -155,24 +156,31 @@ async fn try_lock<E: Exec>(c: &mut E, sql: &str, name: &LockName) -> Result<bool
     got
 }
 
-/// Waits in the server, `lock_timeout` set to `left` (none: no bound) for
-/// the wait only. Outside a transaction block the settings are `SET LOCAL`
-/// in the batch's implicit transaction, which ends with the batch; inside
-/// one, the wait runs in a savepoint and the old values are put back.
-async fn wait_in_server<E: Exec>(
-    c: &mut E,
-    r: &Request<'_>,
-    left: Option<std::time::Duration>,
-) -> Result<bool> {
-    let lock = r.statement(Call::Wait, Some(r.name));
-    let set = format!(
-        "SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = 0",
-        sql::wait_ms(left)
-    );
+/// Waits in the server until `deadline`, `lock_timeout` set for the wait
+/// only ([`BoundedWait`]). Outside a transaction block the settings are
+/// transaction-local in the batch's implicit transaction, which ends with
+/// the batch; inside one, the wait runs in a savepoint and the old values
+/// are put back.
+async fn wait_in_server<E: Exec>(c: &mut E, r: &Request<'_>, deadline: Deadline) -> Result<bool> {
+    let wait = BoundedWait {
+        xact: r.xact,
+        mode: r.opts.mode,
+        key: &r.key,
+        // A transaction lock's guard refuses a session another client
+        // claimed; a session lock on the caller's connection has none.
+        claim: r.xact.then_some(""),
+        comment: Some(r.name),
+        within: if r.in_tx {
+            Within::OpenTransaction
+        } else {
+            Within::Autocommit
+        },
+        form: Form::Inline(deadline),
+    };
     c.may_hold(true);
     if !r.in_tx {
-        let got = match c.batch(&format!("{set}; {lock}")).await {
-            Ok(rows) if rows.is_empty() => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
+        let got = match c.batch(&wait.text()).await {
+            Ok(rows) if rows.len() < wait.rows() => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
             Ok(_) => Ok(true),
             Err(f) if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) => Ok(false),
             Err(f) => Err(map_failure(f, r.name)),
@@ -182,24 +190,17 @@ async fn wait_in_server<E: Exec>(
         }
         return got;
     }
-    let batch = format!(
-        "SAVEPOINT dbmutex_wait; SELECT current_setting('lock_timeout'); \
-         SELECT current_setting('statement_timeout'); {set}; {lock}; RELEASE SAVEPOINT dbmutex_wait"
-    );
-    match c.batch(&batch).await {
+    match c.batch(&wait.text()).await {
         Ok(rows) => {
             // A setting made in a released savepoint lasts until the
             // transaction ends: put the old values back.
-            let old = |i: usize| literal(rows.get(i).cloned().flatten().as_deref().unwrap_or("0"));
-            let restore = format!(
-                "SELECT set_config('lock_timeout', {}, true), set_config('statement_timeout', {}, true)",
-                old(0),
-                old(1)
-            );
-            c.batch(&restore).await.map_err(|f| map_failure(f, r.name))?;
-            // Rows: the two old settings, then the lock's (none when the
-            // transaction guard refused the session).
-            if rows.len() == 3 {
+            let old = |i: usize| rows.get(i).cloned().flatten().unwrap_or_else(|| "0".into());
+            c.batch(&sql::restore_settings(&old(0), &old(1)))
+                .await
+                .map_err(|f| map_failure(f, r.name))?;
+            // Rows: the two old settings, the new ones, then the lock's
+            // (none when the transaction guard refused the session).
+            if rows.len() == wait.rows() {
                 Ok(true)
             } else {
                 c.may_hold(false);
@@ -210,7 +211,7 @@ async fn wait_in_server<E: Exec>(
             c.may_hold(false);
             // Back to the savepoint: the transaction, its settings and its
             // other locks are as they were before the wait.
-            c.batch("ROLLBACK TO SAVEPOINT dbmutex_wait; RELEASE SAVEPOINT dbmutex_wait")
+            c.batch(sql::ROLLBACK_WAIT)
                 .await
                 .map_err(|f2| map_failure(f2, r.name))?;
             if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) {
@@ -224,11 +225,6 @@ async fn wait_in_server<E: Exec>(
 
 /// SQLSTATE 55P03: `lock_timeout` ran out.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
-
-/// `value` as an SQL string literal, whatever `standard_conforming_strings` says.
-fn literal(value: &str) -> String {
-    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
-}
 
 /// `SELECT pg_advisory_unlock[_shared](key)`.
 pub(crate) fn unlock_sql(key: &PgKey, mode: Mode) -> String {
@@ -257,12 +253,6 @@ pub(crate) async fn unlock<E: Exec>(c: &mut E, key: &PgKey, mode: Mode, name: &L
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn literals_survive_quotes_and_backslashes() {
-        assert_eq!(literal("5s"), "E'5s'");
-        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
-    }
 
     #[test]
     fn statements() {
