@@ -167,7 +167,8 @@ impl BoundedWait<'_> {
     /// [`Form::Bound`] sets them in the lock statement's target list, which
     /// is evaluated in order (observed: DB-FACTS.md): `lock_timeout` applies
     /// to the wait, but a `statement_timeout` already running for the
-    /// statement goes on.
+    /// statement goes on: a session whose claim found one in force waits
+    /// with the batch instead (`waits.rs`).
     pub(crate) fn text(&self) -> String {
         let f = function(Call::Wait, self.xact, self.mode);
         let comment = self

@@ -31,12 +31,20 @@ pub(super) async fn wait_dedicated(
 ) -> Result<bool> {
     let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
     let named = text == Text::Named;
+    if session_names.is_some() {
+        // What the claim learns (a `statement_timeout` in force) picks the
+        // form below.
+        claimed(conn).await?;
+    }
     let got = match session_names {
         // A lock session's wait goes as its try does: prepared and nameless
         // on a direct connection (the name then shows in the keepalive
         // probe once granted), else with the name in a comment if names go
         // in comments (`session_names`).
-        Some(names) if !deadline.passed() => {
+        // Not while a `statement_timeout` is in force: it would cut the one
+        // statement short (its timer starts before the statement's own
+        // `set_config` can clear it); the batch below clears it first.
+        Some(names) if !deadline.passed() && !conn.has_statement_timeout() => {
             wait_session_one(conn, name, key, opts, deadline, names && text != Text::Prepared).await
         }
         // Boxed: a lock session's wait is the common one, and these futures

@@ -46,7 +46,7 @@ impl PgConn {
                  (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())), \
                  current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
                  current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
-                 pg_is_in_recovery(), current_setting('transaction_read_only')",
+                 pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout')",
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
@@ -79,6 +79,9 @@ impl PgConn {
             let writable = row.get::<_, Option<String>>(9).as_deref() == Some("off");
             self.writable
                 .store(writable, std::sync::atomic::Ordering::Relaxed);
+            let timed = row.get::<_, Option<String>>(10).is_some_and(|t| t != "0");
+            self.statement_timeout
+                .store(timed, std::sync::atomic::Ordering::Relaxed);
             let _ = self.claim.set(Claim {
                 token,
                 pid: row.get(1),
@@ -110,6 +113,13 @@ impl PgConn {
     /// at the address and port dialed.
     pub(crate) fn is_direct(&self) -> bool {
         self.direct.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the claim found a `statement_timeout` in force: a wait then
+    /// goes as a batch whose first statement clears it for the wait's
+    /// transaction (PostgreSQL arms the timeout per statement of a batch).
+    pub(crate) fn has_statement_timeout(&self) -> bool {
+        self.statement_timeout.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the claim found a writable primary (not in recovery, not

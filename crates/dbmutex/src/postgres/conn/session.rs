@@ -121,6 +121,11 @@ pub(crate) struct PgConn {
     /// read-only): the keepalive probe then reports the server going
     /// read-only as a loss (see `heartbeat.rs`).
     pub(super) writable: std::sync::atomic::AtomicBool,
+    /// Whether the claim found a `statement_timeout` in force on the
+    /// session (a role's, database's or URL's default): then no wait goes
+    /// as one statement, whose timer that setting arms before the
+    /// statement can clear it.
+    pub(super) statement_timeout: std::sync::atomic::AtomicBool,
 }
 
 impl PgConn {
@@ -180,6 +185,7 @@ impl PgConn {
             watched: Default::default(),
             server_major,
             writable: Default::default(),
+            statement_timeout: Default::default(),
         })
     }
 
