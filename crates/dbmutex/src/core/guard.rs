@@ -78,13 +78,14 @@ pub(crate) trait OnSession: Send + Sync {
 ///
 /// Which to use: `release().await` waits for the server's answer (one round
 /// trip) and reports a lock found lost at that moment; `drop(guard)` returns
-/// at once and the unlock goes out in the background, so a loop of
-/// acquisitions does not wait a round trip per release (BENCHMARKS.md: about
-/// 1.4 × the raw driver's try + unlock cycle on PostgreSQL, where the awaited
-/// release is 0.79–0.99 ×, depending on the machine's load). A failed
-/// background unlock is logged as a `tracing` warning and is not returned
-/// to anyone; where the lock's fate is unknown, the lock's connection is
-/// closed, so the server frees it.
+/// at once and the unlock goes out without waiting for its answer, so a loop
+/// of acquisitions does not wait a round trip per release (BENCHMARKS.md).
+/// On PostgreSQL, on a connection that reaches the server directly, the
+/// dropping thread itself queues the unlock on the connection (no task), and
+/// this locker's next statement runs after it; elsewhere a task sends it. A
+/// failed background unlock is logged as a `tracing` warning where a task
+/// awaits it, and is not returned to anyone; where the lock's fate is
+/// unknown, the lock's connection is closed, so the server frees it.
 ///
 /// The guard is `Send` and `Sync` and may be held across `.await` points and
 /// moved between tasks.
