@@ -157,11 +157,11 @@ stop_private_etcd() {
 if [ -z "${DBMUTEX_CHAOS_PG_URL:-}" ]; then
   start_private_pg
 fi
-features=()
 if [ "$etcd" = 1 ]; then
   trap 'stop_private_etcd; stop_private_pg' EXIT
   start_private_etcd
-  features=(--features etcd)
 fi
-cargo build -q -p dbmutex "${features[@]}" --example chaos
+# Every feature, as scripts/test.sh builds the library: after it (CI), the
+# example reuses that build instead of compiling the crate again.
+cargo build -q -p dbmutex --all-features --example chaos
 "${CARGO_TARGET_DIR:-target}/debug/examples/chaos" run "$mode" "$@"
