@@ -1,4 +1,6 @@
-//! Session locks on a tokio-postgres `Client` the caller owns.
+//! Locks on a tokio-postgres connection the caller owns: a session lock on
+//! a `Client` ([`lock_session`]), a transaction lock in a `Transaction`
+//! ([`lock_xact`]).
 
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
@@ -6,7 +8,7 @@ use std::task::{Context, Poll, Waker};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
-use super::NotAcquired;
+use super::{NotAcquired, XactLock};
 use crate::core::loss::LossToken;
 use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
@@ -21,7 +23,7 @@ use crate::{LockName, LockOptions, Mode, Result};
 /// transaction block outlives it, and once the transaction is aborted
 /// (any failed statement) its unlock fails too, so the client would go
 /// back to its pool locked. Inside a transaction, take
-/// [`lock_xact`](crate::postgres::lock_xact): its end releases the lock.
+/// [`lock_xact`]: its end releases the lock.
 ///
 /// ```compile_fail
 /// # async fn demo(tx: &tokio_postgres::Transaction<'_>) {
@@ -42,7 +44,7 @@ impl CallerClient for Client {
 }
 
 /// A tokio-postgres client as an [`Exec`].
-pub(crate) struct Tp<'a>(pub(crate) &'a Client);
+struct Tp<'a>(&'a Client);
 
 impl Exec for Tp<'_> {
     async fn batch(&mut self, sql: &str) -> std::result::Result<Vec<Option<String>>, Failure> {
@@ -123,7 +125,7 @@ fn queue_unlock(client: &Client, key: &PgKey, mode: Mode, name: &LockName) {
 ///   client queues it ahead of any statement sent after, so the next user
 ///   of the connection finds the lock released.
 /// - [`LockOptions::transaction`] is refused here ([`Error::Config`](crate::Error::Config)): use
-///   [`lock_xact`](crate::postgres::lock_xact), as inside any transaction
+///   [`lock_xact`], as inside any transaction
 ///   (see [`CallerClient`]). A `BEGIN` you send yourself on the client is
 ///   yours to watch: a guard released while that transaction is aborted
 ///   reports the error and the lock stays until the session ends.
@@ -235,4 +237,51 @@ impl std::fmt::Debug for ClientLockGuard<'_> {
             .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
+}
+
+/// Takes a transaction-level advisory lock (`pg_advisory_xact_lock*`) inside
+/// a transaction you own; it is released when that transaction ends.
+/// `Ok(Ok(XactLock))`: held; `Ok(Err(NotAcquired))`: the wait ended without
+/// the lock (the `Result` is `#[must_use]`: ignoring it is a warning).
+///
+/// - [`WaitStrategy::Poll`](crate::WaitStrategy::Poll) retries
+///   `pg_try_advisory_xact_lock*` with backoff.
+/// - [`WaitStrategy::Server`](crate::WaitStrategy::Server) and the default
+///   [`WaitStrategy::TryThenServer`](crate::WaitStrategy::TryThenServer) wait
+///   in the server (deadlock detection included) inside a savepoint, with
+///   `lock_timeout` set for the wait only. Afterwards — acquired, timed out,
+///   or deadlocked — `lock_timeout` reads as it did before and the
+///   transaction is usable: a timeout returns `Ok(Err(NotAcquired))`, a
+///   deadlock [`Error::Deadlock`](crate::Error::Deadlock).
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), dbmutex::Error> {
+/// use dbmutex::{postgres::lock_xact, LockOptions, Prefix, WaitStrategy};
+/// use std::time::Duration;
+/// let tx = client.transaction().await.map_err(|e| dbmutex::Error::Database(e.into()))?;
+/// let opts = LockOptions::new().timeout(Duration::from_secs(2)).wait_strategy(WaitStrategy::Server);
+/// if let Ok(_lock) = lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
+///     // ... work under the lock ...
+/// }
+/// tx.commit().await.map_err(|e| dbmutex::Error::Database(e.into()))?; // releases the lock
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Not cancel-safe: if the future is dropped while the server waits, the
+/// transaction's state is unknown; roll it back.
+pub async fn lock_xact(
+    tx: &tokio_postgres::Transaction<'_>,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<std::result::Result<XactLock, NotAcquired>> {
+    let name = name.into();
+    let r = Request::xact(&name, opts, prefix)?;
+    let key = r.key;
+    if !acquire(&mut Tp(tx.client()), &r).await? {
+        return Ok(Err(NotAcquired));
+    }
+    Ok(Ok(XactLock::new(name, key)))
 }

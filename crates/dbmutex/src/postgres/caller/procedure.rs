@@ -6,7 +6,7 @@ use std::future::Future;
 use crate::core::metrics;
 use crate::core::wait::{Backoff, Deadline};
 use crate::key::{pg_key, PgKey, Prefix};
-use crate::postgres::errors::{map_failure, Failure};
+use crate::postgres::errors::{map_failure, Failure, SESSION_OF_ANOTHER};
 use crate::postgres::sql::{self, BoundedWait, Call, Form, Within};
 use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
@@ -37,14 +37,6 @@ pub(crate) struct Request<'a> {
     /// The connection is inside a transaction block.
     pub(crate) in_tx: bool,
 }
-
-/// The message when a transaction landed on a server session that another
-/// dbmutex client holds session locks on (behind a pooler): its session
-/// locks would be re-entrant for our transaction lock there.
-pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another \
-     dbmutex client holds session locks on (a pooler shares server sessions, and some client took \
-     session locks through it): a transaction lock there would not exclude that client. Use \
-     transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
 
 impl<'a> Request<'a> {
     /// A session lock of `name` (checked), refusing a transaction-lock

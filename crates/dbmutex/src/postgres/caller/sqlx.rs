@@ -38,12 +38,11 @@ use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection;
 
 use super::procedure::{acquire, unlock, Exec, Request};
-use super::NotAcquired;
+use super::{NotAcquired, XactLock};
 use crate::core::loss::LossToken;
 use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::Failure;
-use crate::postgres::XactLock;
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
 /// An sqlx connection as an [`Exec`].
