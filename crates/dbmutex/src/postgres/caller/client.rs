@@ -7,10 +7,9 @@ use std::task::{Context, Poll, Waker};
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+use super::guard::{Pending, Taken, Undo};
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
 use super::{NotAcquired, XactLock};
-use crate::core::loss::LossToken;
-use crate::core::metrics::Hold;
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::{failure, Failure};
 use crate::{LockName, LockOptions, Mode, Result};
@@ -59,18 +58,15 @@ impl Exec for Tp<'_> {
     }
 }
 
-/// A session-lock acquisition in progress on a caller's client: dropped
-/// between "a statement that may take the lock was sent" and "its answer
-/// said no" (a cancelled future, an error after the lock), it queues the
-/// unlock behind that statement, so the session holds nothing afterwards.
-/// Exact under re-entrancy: the unlock is queued only when a lock
-/// statement was sent, and the server runs that statement before it.
+/// A session lock being taken on a caller's client, as a [`Pending`]
+/// acquisition's connection: cut short between "a statement that may take
+/// the lock was sent" and "its answer said no", it queues the unlock behind
+/// that statement, so the session holds nothing afterwards. Exact under
+/// re-entrancy: the unlock is queued only when a lock statement was sent,
+/// and the server runs that statement before it.
 struct Taking<'a> {
     tp: Tp<'a>,
-    key: PgKey,
-    mode: Mode,
-    name: &'a LockName,
-    armed: bool,
+    r: &'a Request<'a>,
 }
 
 impl Exec for Taking<'_> {
@@ -80,16 +76,12 @@ impl Exec for Taking<'_> {
     ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
         self.tp.batch(sql)
     }
-
-    fn may_hold(&mut self, yes: bool) {
-        self.armed = yes;
-    }
 }
 
-impl Drop for Taking<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            queue_unlock(self.tp.0, &self.key, self.mode, self.name);
+impl Undo for Taking<'_> {
+    fn undo(self, may_hold: bool) {
+        if may_hold {
+            queue_unlock(self.tp.0, &self.r.key, self.r.opts.get_mode(), &self.r.name);
         }
     }
 }
@@ -160,28 +152,19 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<ClientLockGuard<'c>, NotAcquired>> {
-    let name = name.into();
-    let r = Request::session(&name, opts, prefix, false, "postgres::lock_xact")?;
-    let key = r.key;
+    let r = Request::session(name.into(), opts, prefix, false, "postgres::lock_xact")?;
     let client = conn.client();
-    let mut taking = Taking {
+    let mut taking = Pending::new(Taking {
         tp: Tp(client),
-        key,
-        mode: opts.get_mode(),
-        name: &name,
-        armed: false,
-    };
+        r: &r,
+    });
     if !acquire(&mut taking, &r).await? {
         return Ok(Err(NotAcquired));
     }
-    taking.armed = false; // the guard takes the hold over
-    drop(taking);
+    taking.done(); // the guard takes the hold over
     Ok(Ok(ClientLockGuard {
-        _metrics: Hold::start(r.labels(), &LossToken::never()),
         client,
-        key,
-        mode: opts.get_mode(),
-        name,
+        lock: Taken::of(r),
         held: true,
     }))
 }
@@ -192,23 +175,19 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct ClientLockGuard<'c> {
     client: &'c Client,
-    key: PgKey,
-    mode: Mode,
-    name: LockName,
+    lock: Taken,
     held: bool,
-    /// Ends (dbmutex_held down) when the guard is released or dropped.
-    _metrics: Hold,
 }
 
 impl ClientLockGuard<'_> {
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.name
+        &self.lock.name
     }
 
     /// The PostgreSQL key the name maps to.
     pub fn key(&self) -> PgKey {
-        self.key
+        self.lock.key
     }
 
     /// Unlocks and waits for the answer: [`Error::LockLost`](crate::Error::LockLost) if the session
@@ -216,7 +195,8 @@ impl ClientLockGuard<'_> {
     /// it).
     pub async fn release(mut self) -> Result<()> {
         self.held = false;
-        unlock(&mut Tp(self.client), &self.key, self.mode, &self.name).await
+        let lock = &self.lock;
+        unlock(&mut Tp(self.client), &lock.key, lock.mode, &lock.name).await
     }
 }
 
@@ -225,17 +205,13 @@ impl Drop for ClientLockGuard<'_> {
         if !self.held {
             return;
         }
-        queue_unlock(self.client, &self.key, self.mode, &self.name);
+        queue_unlock(self.client, &self.lock.key, self.lock.mode, &self.lock.name);
     }
 }
 
 impl std::fmt::Debug for ClientLockGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientLockGuard")
-            .field("name", &self.name)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        self.lock.debug(f, "ClientLockGuard")
     }
 }
 
@@ -277,11 +253,9 @@ pub async fn lock_xact(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<XactLock, NotAcquired>> {
-    let name = name.into();
-    let r = Request::xact(&name, opts, prefix)?;
-    let key = r.key;
+    let r = Request::xact(name.into(), opts, prefix)?;
     if !acquire(&mut Tp(tx.client()), &r).await? {
         return Ok(Err(NotAcquired));
     }
-    Ok(Ok(XactLock::new(name, key)))
+    Ok(Ok(XactLock::new(r.name, r.key)))
 }

@@ -19,6 +19,7 @@
 //! Names map to the same keys as everywhere else in dbmutex (and as the gem).
 
 mod client;
+mod guard;
 mod outcome;
 mod procedure;
 #[cfg(feature = "sqlx")]
