@@ -4,6 +4,14 @@ use tokio_postgres::error::SqlState;
 
 use crate::{Error, LockName, Result};
 
+/// The message when a transaction landed on a server session that another
+/// dbmutex client holds session locks on (behind a pooler): its session
+/// locks would be re-entrant for our transaction lock there.
+pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another \
+     dbmutex client holds session locks on (a pooler shares server sessions, and some client took \
+     session locks through it): a transaction lock there would not exclude that client. Use \
+     transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
+
 /// A failed statement, as either driver reports it.
 pub(crate) struct Failure {
     /// The SQLSTATE, when the server answered with an error.

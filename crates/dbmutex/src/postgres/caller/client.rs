@@ -1,14 +1,15 @@
-//! Session locks on a tokio-postgres `Client` the caller owns.
+//! Locks on a tokio-postgres connection the caller owns: a session lock on
+//! a `Client` ([`lock_session`]), a transaction lock in a `Transaction`
+//! ([`lock_xact`]).
 
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+use super::guard::{Pending, Taken, Undo};
 use super::procedure::{acquire, unlock, unlock_sql, Exec, Request};
-use super::NotAcquired;
-use crate::core::loss::LossToken;
-use crate::core::metrics::Hold;
+use super::{NotAcquired, XactLock};
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::{failure, Failure};
 use crate::{LockName, LockOptions, Mode, Result};
@@ -21,7 +22,7 @@ use crate::{LockName, LockOptions, Mode, Result};
 /// transaction block outlives it, and once the transaction is aborted
 /// (any failed statement) its unlock fails too, so the client would go
 /// back to its pool locked. Inside a transaction, take
-/// [`lock_xact`](crate::postgres::lock_xact): its end releases the lock.
+/// [`lock_xact`]: its end releases the lock.
 ///
 /// ```compile_fail
 /// # async fn demo(tx: &tokio_postgres::Transaction<'_>) {
@@ -42,7 +43,7 @@ impl CallerClient for Client {
 }
 
 /// A tokio-postgres client as an [`Exec`].
-pub(crate) struct Tp<'a>(pub(crate) &'a Client);
+struct Tp<'a>(&'a Client);
 
 impl Exec for Tp<'_> {
     async fn batch(&mut self, sql: &str) -> std::result::Result<Vec<Option<String>>, Failure> {
@@ -57,18 +58,15 @@ impl Exec for Tp<'_> {
     }
 }
 
-/// A session-lock acquisition in progress on a caller's client: dropped
-/// between "a statement that may take the lock was sent" and "its answer
-/// said no" (a cancelled future, an error after the lock), it queues the
-/// unlock behind that statement, so the session holds nothing afterwards.
-/// Exact under re-entrancy: the unlock is queued only when a lock
-/// statement was sent, and the server runs that statement before it.
+/// A session lock being taken on a caller's client, as a [`Pending`]
+/// acquisition's connection: cut short between "a statement that may take
+/// the lock was sent" and "its answer said no", it queues the unlock behind
+/// that statement, so the session holds nothing afterwards. Exact under
+/// re-entrancy: the unlock is queued only when a lock statement was sent,
+/// and the server runs that statement before it.
 struct Taking<'a> {
     tp: Tp<'a>,
-    key: PgKey,
-    mode: Mode,
-    name: &'a LockName,
-    armed: bool,
+    r: &'a Request<'a>,
 }
 
 impl Exec for Taking<'_> {
@@ -78,16 +76,12 @@ impl Exec for Taking<'_> {
     ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
         self.tp.batch(sql)
     }
-
-    fn may_hold(&mut self, yes: bool) {
-        self.armed = yes;
-    }
 }
 
-impl Drop for Taking<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            queue_unlock(self.tp.0, &self.key, self.mode, self.name);
+impl Undo for Taking<'_> {
+    fn undo(self, may_hold: bool) {
+        if may_hold {
+            queue_unlock(self.tp.0, &self.r.key, self.r.opts.get_mode(), &self.r.name);
         }
     }
 }
@@ -123,7 +117,7 @@ fn queue_unlock(client: &Client, key: &PgKey, mode: Mode, name: &LockName) {
 ///   client queues it ahead of any statement sent after, so the next user
 ///   of the connection finds the lock released.
 /// - [`LockOptions::transaction`] is refused here ([`Error::Config`](crate::Error::Config)): use
-///   [`lock_xact`](crate::postgres::lock_xact), as inside any transaction
+///   [`lock_xact`], as inside any transaction
 ///   (see [`CallerClient`]). A `BEGIN` you send yourself on the client is
 ///   yours to watch: a guard released while that transaction is aborted
 ///   reports the error and the lock stays until the session ends.
@@ -158,28 +152,19 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<ClientLockGuard<'c>, NotAcquired>> {
-    let name = name.into();
-    let r = Request::session(&name, opts, prefix, false, "postgres::lock_xact")?;
-    let key = r.key;
+    let r = Request::session(name.into(), opts, prefix, false, "postgres::lock_xact")?;
     let client = conn.client();
-    let mut taking = Taking {
+    let mut taking = Pending::new(Taking {
         tp: Tp(client),
-        key,
-        mode: opts.get_mode(),
-        name: &name,
-        armed: false,
-    };
+        r: &r,
+    });
     if !acquire(&mut taking, &r).await? {
         return Ok(Err(NotAcquired));
     }
-    taking.armed = false; // the guard takes the hold over
-    drop(taking);
+    taking.done(); // the guard takes the hold over
     Ok(Ok(ClientLockGuard {
-        _metrics: Hold::start(r.labels(), &LossToken::never()),
         client,
-        key,
-        mode: opts.get_mode(),
-        name,
+        lock: Taken::of(r),
         held: true,
     }))
 }
@@ -190,23 +175,19 @@ pub async fn lock_session<'c, C: CallerClient + ?Sized>(
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct ClientLockGuard<'c> {
     client: &'c Client,
-    key: PgKey,
-    mode: Mode,
-    name: LockName,
+    lock: Taken,
     held: bool,
-    /// Ends (dbmutex_held down) when the guard is released or dropped.
-    _metrics: Hold,
 }
 
 impl ClientLockGuard<'_> {
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.name
+        &self.lock.name
     }
 
     /// The PostgreSQL key the name maps to.
     pub fn key(&self) -> PgKey {
-        self.key
+        self.lock.key
     }
 
     /// Unlocks and waits for the answer: [`Error::LockLost`](crate::Error::LockLost) if the session
@@ -214,7 +195,8 @@ impl ClientLockGuard<'_> {
     /// it).
     pub async fn release(mut self) -> Result<()> {
         self.held = false;
-        unlock(&mut Tp(self.client), &self.key, self.mode, &self.name).await
+        let lock = &self.lock;
+        unlock(&mut Tp(self.client), &lock.key, lock.mode, &lock.name).await
     }
 }
 
@@ -223,16 +205,57 @@ impl Drop for ClientLockGuard<'_> {
         if !self.held {
             return;
         }
-        queue_unlock(self.client, &self.key, self.mode, &self.name);
+        queue_unlock(self.client, &self.lock.key, self.lock.mode, &self.lock.name);
     }
 }
 
 impl std::fmt::Debug for ClientLockGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientLockGuard")
-            .field("name", &self.name)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        self.lock.debug(f, "ClientLockGuard")
     }
+}
+
+/// Takes a transaction-level advisory lock (`pg_advisory_xact_lock*`) inside
+/// a transaction you own; it is released when that transaction ends.
+/// `Ok(Ok(XactLock))`: held; `Ok(Err(NotAcquired))`: the wait ended without
+/// the lock (the `Result` is `#[must_use]`: ignoring it is a warning).
+///
+/// - [`WaitStrategy::Poll`](crate::WaitStrategy::Poll) retries
+///   `pg_try_advisory_xact_lock*` with backoff.
+/// - [`WaitStrategy::Server`](crate::WaitStrategy::Server) and the default
+///   [`WaitStrategy::TryThenServer`](crate::WaitStrategy::TryThenServer) wait
+///   in the server (deadlock detection included) inside a savepoint, with
+///   `lock_timeout` set for the wait only. Afterwards — acquired, timed out,
+///   or deadlocked — `lock_timeout` reads as it did before and the
+///   transaction is usable: a timeout returns `Ok(Err(NotAcquired))`, a
+///   deadlock [`Error::Deadlock`](crate::Error::Deadlock).
+///
+/// ```no_run
+/// # async fn demo(client: &mut tokio_postgres::Client) -> Result<(), dbmutex::Error> {
+/// use dbmutex::{postgres::lock_xact, LockOptions, Prefix, WaitStrategy};
+/// use std::time::Duration;
+/// let tx = client.transaction().await.map_err(|e| dbmutex::Error::Database(e.into()))?;
+/// let opts = LockOptions::new().timeout(Duration::from_secs(2)).wait_strategy(WaitStrategy::Server);
+/// if let Ok(_lock) = lock_xact(&tx, "ledger-42", &opts, &Prefix::from_env()).await? {
+///     // ... work under the lock ...
+/// }
+/// tx.commit().await.map_err(|e| dbmutex::Error::Database(e.into()))?; // releases the lock
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Not cancel-safe: if the future is dropped while the server waits, the
+/// transaction's state is unknown; roll it back.
+pub async fn lock_xact(
+    tx: &tokio_postgres::Transaction<'_>,
+    name: impl Into<LockName>,
+    opts: &LockOptions,
+    prefix: &Prefix,
+) -> Result<std::result::Result<XactLock, NotAcquired>> {
+    let r = Request::xact(name.into(), opts, prefix)?;
+    if !acquire(&mut Tp(tx.client()), &r).await? {
+        return Ok(Err(NotAcquired));
+    }
+    Ok(Ok(XactLock::new(r.name, r.key)))
 }

@@ -1,5 +1,5 @@
 //! Locks on a connection the caller owns: a tokio-postgres `Client`
-//! ([`lock_session`]) or `Transaction` ([`lock_xact`](super::lock_xact)),
+//! ([`lock_session`]) or `Transaction` ([`lock_xact`]),
 //! and, with the `sqlx` feature, an sqlx `PgConnection` ([`sqlx`]).
 //!
 //! Every one of them answers `Ok(Ok(lock))` when it got the lock and
@@ -18,11 +18,12 @@
 //!
 //! Names map to the same keys as everywhere else in dbmutex (and as the gem).
 
-pub(crate) mod client;
+mod client;
+mod guard;
 mod outcome;
-pub(crate) mod procedure;
+mod procedure;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 
-pub use client::{lock_session, CallerClient, ClientLockGuard};
+pub use client::{lock_session, lock_xact, CallerClient, ClientLockGuard};
 pub use outcome::{NotAcquired, XactLock};

@@ -18,7 +18,7 @@ impl std::fmt::Display for NotAcquired {
 impl std::error::Error for NotAcquired {}
 
 /// A transaction-level lock taken in a caller's transaction
-/// ([`lock_xact`](crate::postgres::lock_xact), `sqlx::lock_xact` with the `sqlx` feature).
+/// ([`lock_xact`](super::lock_xact), `sqlx::lock_xact` with the `sqlx` feature).
 /// It lasts until that transaction ends (commit or rollback, an aborted
 /// one included); there is nothing to release, and dropping this value
 /// changes nothing.

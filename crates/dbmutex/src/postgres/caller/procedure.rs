@@ -6,7 +6,7 @@ use std::future::Future;
 use crate::core::metrics;
 use crate::core::wait::{Backoff, Deadline};
 use crate::key::{pg_key, PgKey, Prefix};
-use crate::postgres::errors::{map_failure, Failure};
+use crate::postgres::errors::{map_failure, Failure, SESSION_OF_ANOTHER};
 use crate::postgres::sql::{self, BoundedWait, Call, Form, Within};
 use crate::types::BackendKind;
 use crate::{Error, LockName, LockOptions, Mode, Result, WaitStrategy};
@@ -21,15 +21,15 @@ pub(crate) trait Exec: Send {
     ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a;
 
     /// Told before a statement that may take the lock is sent (`true`) and
-    /// once an answer says the lock was not taken (`false`): an `Exec` that
-    /// can undo a cancelled acquisition (tokio-postgres) unlocks if dropped
-    /// in between. The default does nothing (sqlx closes the connection).
+    /// once an answer says the lock was not taken (`false`), for a
+    /// [`Pending`](super::guard::Pending) acquisition to know what a drop
+    /// must undo. The default does nothing.
     fn may_hold(&mut self, _yes: bool) {}
 }
 
 /// What to lock, and how.
 pub(crate) struct Request<'a> {
-    pub(crate) name: &'a LockName,
+    pub(crate) name: LockName,
     pub(crate) key: PgKey,
     pub(crate) opts: &'a LockOptions,
     /// A transaction-level lock (else a session lock).
@@ -38,19 +38,11 @@ pub(crate) struct Request<'a> {
     pub(crate) in_tx: bool,
 }
 
-/// The message when a transaction landed on a server session that another
-/// dbmutex client holds session locks on (behind a pooler): its session
-/// locks would be re-entrant for our transaction lock there.
-pub(crate) const SESSION_OF_ANOTHER: &str = "this transaction runs on a server session that another \
-     dbmutex client holds session locks on (a pooler shares server sessions, and some client took \
-     session locks through it): a transaction lock there would not exclude that client. Use \
-     transaction locks only (LockOptions::transaction(true)) for every client behind this pooler";
-
 impl<'a> Request<'a> {
     /// A session lock of `name` (checked), refusing a transaction-lock
     /// option (`instead`: the function that takes those).
     pub(crate) fn session(
-        name: &'a LockName,
+        name: LockName,
         opts: &'a LockOptions,
         prefix: &Prefix,
         in_tx: bool,
@@ -63,8 +55,8 @@ impl<'a> Request<'a> {
             )));
         }
         Ok(Request {
+            key: pg_key(&name, prefix),
             name,
-            key: pg_key(name, prefix),
             opts,
             xact: false,
             in_tx,
@@ -72,11 +64,11 @@ impl<'a> Request<'a> {
     }
 
     /// A transaction lock of `name` (checked), in an open transaction.
-    pub(crate) fn xact(name: &'a LockName, opts: &'a LockOptions, prefix: &Prefix) -> Result<Self> {
+    pub(crate) fn xact(name: LockName, opts: &'a LockOptions, prefix: &Prefix) -> Result<Self> {
         name.validate()?;
         Ok(Request {
+            key: pg_key(&name, prefix),
             name,
-            key: pg_key(name, prefix),
             opts,
             xact: true,
             in_tx: true,
@@ -88,7 +80,7 @@ impl Request<'_> {
     /// The metrics' labels: PostgreSQL, the mode, never the name (these
     /// calls have no locker settings to opt in with).
     pub(crate) fn labels(&self) -> metrics::Labels {
-        metrics::Labels::new(BackendKind::Postgres, self.opts.get_mode(), self.name, false)
+        metrics::Labels::new(BackendKind::Postgres, self.opts.get_mode(), &self.name, false)
     }
 
     /// `SELECT fn(key)`, and for a transaction lock the guard that refuses a
@@ -123,7 +115,7 @@ async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
     // No name on the try: one text per key form, and nobody sees it. The
     // server wait carries it, where pg_stat_activity shows it.
     let try_sql = r.statement(Call::Try, None);
-    if try_lock(c, &try_sql, r.name).await? {
+    if try_lock(c, &try_sql, &r.name).await? {
         return Ok(true);
     }
     if r.opts.is_try_once() {
@@ -132,7 +124,7 @@ async fn acquire_inner<E: Exec>(c: &mut E, r: &Request<'_>) -> Result<bool> {
     if r.opts.strategy == WaitStrategy::Poll {
         let mut backoff = Backoff::new(deadline, r.opts.max_backoff);
         while backoff.pause(None).await {
-            if try_lock(c, &try_sql, r.name).await? {
+            if try_lock(c, &try_sql, &r.name).await? {
                 return Ok(true);
             }
         }
@@ -169,7 +161,7 @@ async fn wait_in_server<E: Exec>(c: &mut E, r: &Request<'_>, deadline: Deadline)
         // A transaction lock's guard refuses a session another client
         // claimed; a session lock on the caller's connection has none.
         claim: r.xact.then_some(""),
-        comment: Some(r.name),
+        comment: Some(&r.name),
         within: if r.in_tx {
             Within::OpenTransaction
         } else {
@@ -183,7 +175,7 @@ async fn wait_in_server<E: Exec>(c: &mut E, r: &Request<'_>, deadline: Deadline)
             Ok(rows) if rows.len() < wait.rows() => Err(Error::Unsupported(SESSION_OF_ANOTHER.into())),
             Ok(_) => Ok(true),
             Err(f) if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) => Ok(false),
-            Err(f) => Err(map_failure(f, r.name)),
+            Err(f) => Err(map_failure(f, &r.name)),
         };
         if !matches!(got, Ok(true)) {
             c.may_hold(false);
@@ -197,7 +189,7 @@ async fn wait_in_server<E: Exec>(c: &mut E, r: &Request<'_>, deadline: Deadline)
             let old = |i: usize| rows.get(i).cloned().flatten().unwrap_or_else(|| "0".into());
             c.batch(&sql::restore_settings(&old(0), &old(1)))
                 .await
-                .map_err(|f| map_failure(f, r.name))?;
+                .map_err(|f| map_failure(f, &r.name))?;
             // Rows: the two old settings, the new ones, then the lock's
             // (none when the transaction guard refused the session).
             if rows.len() == wait.rows() {
@@ -213,11 +205,11 @@ async fn wait_in_server<E: Exec>(c: &mut E, r: &Request<'_>, deadline: Deadline)
             // other locks are as they were before the wait.
             c.batch(sql::ROLLBACK_WAIT)
                 .await
-                .map_err(|f2| map_failure(f2, r.name))?;
+                .map_err(|f2| map_failure(f2, &r.name))?;
             if f.code.as_deref() == Some(LOCK_NOT_AVAILABLE) {
                 Ok(false)
             } else {
-                Err(map_failure(f, r.name))
+                Err(map_failure(f, &r.name))
             }
         }
     }
@@ -259,7 +251,7 @@ mod tests {
         let name: LockName = "x".into();
         let opts = LockOptions::new().shared(true);
         let r = Request {
-            name: &name,
+            name: name.clone(),
             key: PgKey::Pair(1, -2),
             opts: &opts,
             xact: false,

@@ -37,14 +37,12 @@ use ::sqlx::pool::PoolConnection;
 use ::sqlx::postgres::{PgConnection, Postgres};
 use ::sqlx::Connection;
 
+use super::guard::{Pending, Taken, Undo};
 use super::procedure::{acquire, unlock, Exec, Request};
-use super::NotAcquired;
-use crate::core::loss::LossToken;
-use crate::core::metrics::Hold;
+use super::{NotAcquired, XactLock};
 use crate::key::{PgKey, Prefix};
 use crate::postgres::errors::Failure;
-use crate::postgres::XactLock;
-use crate::{Error, LockName, LockOptions, Mode, Result};
+use crate::{Error, LockName, LockOptions, Result};
 
 /// An sqlx connection as an [`Exec`].
 struct Sx<'a>(&'a mut PgConnection);
@@ -54,18 +52,47 @@ impl Exec for Sx<'_> {
         &'a mut self,
         sql: &'a str,
     ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
-        // Executor's own boxed future: `raw_sql(..).fetch_all(..)` in an
-        // `async` block is not provably `Send` (a higher-ranked lifetime).
-        let fetch = ::sqlx::Executor::fetch_all(&mut *self.0, ::sqlx::raw_sql(sql));
-        async move {
-            use ::sqlx::Row;
-            let rows = fetch.await.map_err(failure)?;
-            // Simple-protocol rows are text; read the first column as such.
-            Ok(rows
-                .iter()
-                .map(|r| r.try_get_unchecked::<Option<String>, _>(0).ok().flatten())
-                .collect())
-        }
+        fetch(self.0, sql)
+    }
+}
+
+/// A connection a guard owns, as a [`Pending`] acquisition's or unlock's:
+/// cut short, it ends its session instead of going back to a pool (sqlx
+/// cannot queue an unlock behind a statement in flight, which may hold a
+/// lock).
+struct Owned<C: OwnedConnection>(C);
+
+impl<C: OwnedConnection> Exec for Owned<C> {
+    fn batch<'a>(
+        &'a mut self,
+        sql: &'a str,
+    ) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
+        fetch(self.0.pg(), sql)
+    }
+}
+
+impl<C: OwnedConnection> Undo for Owned<C> {
+    fn undo(self, _may_hold: bool) {
+        self.0.end_session();
+    }
+}
+
+/// Runs `sql` on `conn`, as [`Exec::batch`] answers.
+fn fetch<'a>(
+    conn: &'a mut PgConnection,
+    sql: &'a str,
+) -> impl Future<Output = std::result::Result<Vec<Option<String>>, Failure>> + Send + 'a {
+    // Executor's own boxed future: `raw_sql(..).fetch_all(..)` in an
+    // `async` block is not provably `Send` (a higher-ranked lifetime).
+    let fetch = ::sqlx::Executor::fetch_all(conn, ::sqlx::raw_sql(sql));
+    async move {
+        use ::sqlx::Row;
+        let rows = fetch.await.map_err(failure)?;
+        // Simple-protocol rows are text; read the first column as such.
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get_unchecked::<Option<String>, _>(0).ok().flatten())
+            .collect())
     }
 }
 
@@ -110,18 +137,16 @@ pub async fn lock_xact(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<XactLock, NotAcquired>> {
-    let name = name.into();
     if !conn.is_in_transaction() {
         return Err(Error::Config(
             "postgres::sqlx::lock_xact needs an open transaction (begin() one and pass it)".into(),
         ));
     }
-    let r = Request::xact(&name, opts, prefix)?;
-    let key = r.key;
+    let r = Request::xact(name.into(), opts, prefix)?;
     if !acquire(&mut Sx(conn), &r).await? {
         return Ok(Err(NotAcquired));
     }
-    Ok(Ok(XactLock::new(name, key)))
+    Ok(Ok(XactLock::new(r.name, r.key)))
 }
 
 /// An sqlx connection that a [`SessionGuard`] can own for the hold:
@@ -166,27 +191,6 @@ impl OwnedConnection for PoolConnection<Postgres> {
     }
 }
 
-/// A connection that ends its session if dropped while armed: what is
-/// left of a cancelled or failed statement may hold a lock.
-struct Armed<C: OwnedConnection>(Option<C>);
-
-impl<C: OwnedConnection> Armed<C> {
-    fn conn(&mut self) -> &mut PgConnection {
-        self.0.as_mut().expect("armed connection present").pg()
-    }
-    fn disarm(mut self) -> C {
-        self.0.take().expect("armed connection present")
-    }
-}
-
-impl<C: OwnedConnection> Drop for Armed<C> {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.end_session();
-        }
-    }
-}
-
 /// Takes a session-level advisory lock on `conn`, which the guard keeps for
 /// the hold (so a pool cannot hand it to anyone else while it holds the
 /// lock). `Ok(Err(conn))`: the wait ended without the lock, the connection
@@ -210,20 +214,15 @@ pub async fn lock_session<C: OwnedConnection>(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<SessionGuard<C>, C>> {
-    let name = name.into();
-    let mut armed = Armed(Some(conn));
-    let in_tx = armed.conn().is_in_transaction();
-    let r = Request::session(&name, opts, prefix, in_tx, "postgres::sqlx::lock_xact")?;
-    let key = r.key;
-    if !acquire(&mut Sx(armed.conn()), &r).await? {
-        return Ok(Err(armed.disarm()));
+    let mut pending = Pending::new(Owned(conn));
+    let in_tx = pending.conn().0.pg().is_in_transaction();
+    let r = Request::session(name.into(), opts, prefix, in_tx, "postgres::sqlx::lock_xact")?;
+    if !acquire(&mut pending, &r).await? {
+        return Ok(Err(pending.done().0));
     }
     Ok(Ok(SessionGuard {
-        _metrics: Hold::start(r.labels(), &LossToken::never()),
-        conn: Some(armed.disarm()),
-        key,
-        mode: opts.get_mode(),
-        name,
+        conn: Some(pending.done().0),
+        lock: Taken::of(r),
     }))
 }
 
@@ -231,22 +230,18 @@ pub async fn lock_session<C: OwnedConnection>(
 #[must_use = "dropping the guard releases the lock"]
 pub struct SessionGuard<C: OwnedConnection> {
     conn: Option<C>,
-    key: PgKey,
-    mode: Mode,
-    name: LockName,
-    /// Ends (dbmutex_held down) when the guard is released or dropped.
-    _metrics: Hold,
+    lock: Taken,
 }
 
 impl<C: OwnedConnection> SessionGuard<C> {
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.name
+        &self.lock.name
     }
 
     /// The PostgreSQL key the name maps to.
     pub fn key(&self) -> PgKey {
-        self.key
+        self.lock.key
     }
 
     /// Unlocks, waits for the answer, and gives the connection back.
@@ -254,9 +249,11 @@ impl<C: OwnedConnection> SessionGuard<C> {
     /// connection was reset, or a pooler moved it); on any error the
     /// connection is closed.
     pub async fn release(mut self) -> Result<C> {
-        let mut armed = Armed(self.conn.take());
-        unlock(&mut Sx(armed.conn()), &self.key, self.mode, &self.name).await?;
-        Ok(armed.disarm())
+        let conn = self.conn.take().expect("held connection present");
+        let mut pending = Pending::new(Owned(conn));
+        let lock = &self.lock;
+        unlock(&mut pending, &lock.key, lock.mode, &lock.name).await?;
+        Ok(pending.done().0)
     }
 }
 
@@ -276,14 +273,14 @@ impl<C: OwnedConnection> std::ops::DerefMut for SessionGuard<C> {
 impl<C: OwnedConnection> Drop for SessionGuard<C> {
     fn drop(&mut self) {
         let Some(conn) = self.conn.take() else { return };
-        let mut armed = Armed(Some(conn));
+        let mut pending = Pending::new(Owned(conn));
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return; // `armed` closes the connection: the session ends.
+            return; // `pending` ends the session, and its locks with it.
         };
-        let (key, mode, name) = (self.key, self.mode, self.name.clone());
+        let (key, mode, name) = (self.lock.key, self.lock.mode, self.lock.name.clone());
         rt.spawn(async move {
-            if unlock(&mut Sx(armed.conn()), &key, mode, &name).await.is_ok() {
-                drop(armed.disarm()); // back to its pool, holding nothing
+            if unlock(&mut pending, &key, mode, &name).await.is_ok() {
+                drop(pending.done()); // back to its pool, holding nothing
             }
         });
     }
@@ -291,10 +288,6 @@ impl<C: OwnedConnection> Drop for SessionGuard<C> {
 
 impl<C: OwnedConnection> std::fmt::Debug for SessionGuard<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionGuard")
-            .field("name", &self.name)
-            .field("key", &self.key)
-            .field("mode", &self.mode)
-            .finish_non_exhaustive()
+        self.lock.debug(f, "SessionGuard")
     }
 }

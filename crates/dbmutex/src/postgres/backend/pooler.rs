@@ -62,7 +62,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::types::Type;
 
-use super::{first_text, PgConn};
+use super::PgConn;
+use crate::postgres::errors::first_text;
 use crate::settings::Settings;
 use crate::{Error, Result};
 

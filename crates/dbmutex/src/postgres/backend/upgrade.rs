@@ -14,15 +14,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::errors::{db_err, is_lock_timeout, row_count};
 use super::session_lock::SessionLock;
-use super::sql;
 use crate::core::detach::Undo;
 use crate::core::guard::BoxFuture;
 use crate::core::loss::LossToken;
 use crate::core::upgradable::Upgrade;
 use crate::core::wait::Deadline;
 use crate::key::PgKey;
+use crate::postgres::errors::{db_err, is_lock_timeout, row_count};
+use crate::postgres::sql;
 use crate::{Error, Mode, Result};
 
 /// The key an upgrader of `key` holds while it waits: a `bigint` key with
@@ -83,7 +83,7 @@ impl Upgrade for PgUpgrade {
             match super::introspect::only_waited_for(&lock.conn, &lock.key).await {
                 Ok(false) => Ok(false),
                 Ok(true) => ahead_of_waiters(lock).await,
-                Err(e) => Err(super::errors::db_err(e, &lock.name)),
+                Err(e) => Err(crate::postgres::errors::db_err(e, &lock.name)),
             }
         })
     }

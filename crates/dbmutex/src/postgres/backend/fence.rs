@@ -8,10 +8,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::conn::PgConn;
-use super::errors::{db_err, is_session_end};
 use super::session_lock::SessionLock;
 use crate::core::guard::BoxFuture;
 use crate::fence::{no_table_help, POSTGRES_TABLE};
+use crate::postgres::errors::{db_err, is_session_end};
 use crate::{Error, LockName, Result};
 
 /// One autocommit statement: the next token of `$1`, only on the server

@@ -4,8 +4,8 @@
 use tokio_postgres::types::Type;
 
 use super::conn::PgConn;
-use super::errors::db_err;
 use crate::key::{name_from_comments, PgKey, Prefix};
+use crate::postgres::errors::db_err;
 use crate::types::{Holder, HolderId, ListedLock};
 use crate::{LockName, Mode, Result};
 

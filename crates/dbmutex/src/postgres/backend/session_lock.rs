@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use super::conn::{PgConn, Text};
-use super::errors::{db_err, is_session_end};
 use super::pooler;
-use super::sql::Call;
 use crate::key::PgKey;
+use crate::postgres::errors::{db_err, is_session_end};
+use crate::postgres::sql::Call;
 use crate::{Error, LockName, Mode, Result};
 
 /// A session lock on one connection: everything its statements need.

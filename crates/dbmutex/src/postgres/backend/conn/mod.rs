@@ -9,6 +9,8 @@
 //!   moves us off it;
 //! - `direct.rs`: whether a connection reaches the server with no pooler
 //!   in between (then its lock statements are protocol-level prepared);
+//! - `prepared.rs`: those prepared statements, cached per connection;
+//! - `executed.rs`: the `PREPARE`d form used anywhere else;
 //! - `heartbeat.rs`: the keepalive probe of a lock session;
 //! - `liveness.rs`: asking the server to free a vanished client's locks
 //!   within a bound.
@@ -19,6 +21,7 @@ mod direct;
 mod executed;
 mod heartbeat;
 mod liveness;
+mod prepared;
 mod session;
 mod tls;
 

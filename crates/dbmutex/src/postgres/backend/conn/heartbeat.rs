@@ -96,7 +96,7 @@ impl PgConn {
                     match tokio::time::timeout(answer_within, &mut probe).await {
                         Ok(Ok(msgs)) => {
                             conn.heard_from_server();
-                            match crate::postgres::first_text(&msgs).as_deref() {
+                            match crate::postgres::errors::first_text(&msgs).as_deref() {
                                 Some("t") => break,
                                 Some(SUPERSEDED) => {
                                     tracing::warn!(

@@ -6,14 +6,14 @@
 use std::sync::Arc;
 
 use super::conn::{PgConn, Text};
-use super::errors::{db_err, first_bool, is_lock_timeout, row_count};
 use super::introspect;
 use super::pooler;
-use super::sql::{self, Call};
 use super::xact::wait_xact_dedicated;
 use crate::core::detach::Undo;
 use crate::core::wait::Deadline;
 use crate::key::PgKey;
+use crate::postgres::errors::{db_err, first_bool, is_lock_timeout, row_count};
+use crate::postgres::sql::{self, Call};
 use crate::{Error, LockName, LockOptions, Result};
 
 /// The wait on a dedicated connection until `deadline` (once it has
