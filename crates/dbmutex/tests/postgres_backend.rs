@@ -687,11 +687,101 @@ async fn server_wait_connections_are_reused_clean() {
         .unwrap()
         .get(0);
     assert_eq!(held, 1, "only the new lock");
-    // A dropped guard's connection is closed, never reused.
+    // A dropped guard's unlock is queued on its connection, which goes
+    // back to the spares: the next wait reuses it (no new server session),
+    // and it holds only the new lock.
     drop(g);
     let g = l.acquire(n1.as_str(), &server_wait(None)).await.unwrap().unwrap();
-    assert_ne!(l.holders(n1.as_str()).await.unwrap()[0].pid, pid1);
+    assert_eq!(
+        l.holders(n1.as_str()).await.unwrap()[0].pid,
+        pid1,
+        "the dropped guard's connection is reused"
+    );
+    let held: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted",
+            &[&(pid1 as i32)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "the dropped guard's lock is gone");
+    assert!(l.holders(n2.as_str()).await.unwrap().is_empty(), "{n2} is free");
     g.release().await.unwrap();
+    // A transaction lock's dropped guard closes its connection (that ends
+    // its transaction): never reused.
+    let g = l
+        .acquire(n2.as_str(), &server_wait(None).transaction(true))
+        .await
+        .unwrap()
+        .unwrap();
+    let xpid = l.holders(n2.as_str()).await.unwrap()[0].pid;
+    drop(g);
+    let g = l
+        .acquire(n2.as_str(), &server_wait(None).transaction(true))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(l.holders(n2.as_str()).await.unwrap()[0].pid, xpid);
+    g.release().await.unwrap();
+}
+
+/// Guards that go out of scope (the idiomatic release) after a wait in the
+/// server open no server session per acquisition: two lockers taking turns
+/// on one name, each guard dropped, use the same few connections
+/// throughout (before, about every other acquisition connected anew).
+#[tokio::test]
+async fn dropped_guards_after_waits_reuse_their_connections() {
+    let app = unique("dropreuse");
+    let url = pg_url();
+    let (a, b) = (
+        Backend::Postgres
+            .connect(Locker::builder(&url).application_name(&app))
+            .await,
+        Backend::Postgres
+            .connect(Locker::builder(&url).application_name(&app))
+            .await,
+    );
+    let name = unique("dropreuse");
+    let raw = pg_raw().await;
+    let mut pids = std::collections::BTreeSet::new();
+    let mut tasks = Vec::new();
+    for l in [a.clone(), b.clone()] {
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..150 {
+                let _g = l.lock(name.as_str()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }));
+    }
+    while tasks.iter().any(|t| !t.is_finished()) {
+        for r in raw
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .await
+            .unwrap()
+        {
+            pids.insert(r.get::<_, i32>(0));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        pids.len() <= 6,
+        "300 contended acquisitions with dropped guards used {} server sessions",
+        pids.len()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            a.holders(name.as_str()).await.unwrap().is_empty()
+        })
+        .await
+    );
 }
 
 /// A server default `lock_timeout` (here from the URL's `options`) does not

@@ -221,6 +221,40 @@ impl Dedicated {
         self.lock.conn.close();
         drop(self.hold);
     }
+
+    /// A guard dropped without `release()`: a session lock's unlock is
+    /// queued on its connection by the dropping thread (see
+    /// `PgConn::send_unlock`), and the connection goes back to the spares,
+    /// so the next wait does not connect anew (a fleet whose guards go out
+    /// of scope otherwise opened a server session for about every other
+    /// acquisition). Where the unlock cannot be queued safely, and for a
+    /// transaction lock, the connection is closed as before.
+    fn dropped(self) {
+        if !self.xact {
+            // Before the unlock, as `release` does: no keepalive probe may
+            // follow it on a connection that may next serve a blocking wait.
+            self.lock.conn.stop_heartbeat();
+            if self
+                .lock
+                .conn
+                .send_unlock(self.lock.mode, &self.lock.key, self.lock.text)
+            {
+                let Dedicated {
+                    lock,
+                    spares,
+                    budget,
+                    hold,
+                    ..
+                } = self;
+                // The unlock is on the wire: whatever this process sends next
+                // reaches the server after it.
+                drop((hold, budget));
+                spares.0.put(lock.conn);
+                return;
+            }
+        }
+        self.close();
+    }
 }
 
 impl DedicatedGrant {
@@ -251,7 +285,7 @@ impl DedicatedGrant {
                     budget,
                     hold,
                 },
-                Dedicated::close,
+                Dedicated::dropped,
             ),
         }
     }

@@ -265,33 +265,45 @@ impl PgConn {
     /// Puts the unlock of `key` in `mode` on the wire now and does not wait
     /// for its answer: a dropped guard's release, with no task and no
     /// thread hop. The connection runs every later statement of ours after
-    /// it, so this locker's next try of the key finds it free. Done only
-    /// where nothing can go wrong unseen: a statement prepared on a
-    /// connection that reaches the server directly (no pooler can move it
-    /// to another session, so the claim check cannot refuse it). `false`
-    /// otherwise: the caller then unlocks the usual way. The answer (a lock
-    /// that was not held any more) is not looked at; a guard dropped
-    /// without `release()` has nobody to tell.
+    /// it, so this locker's next try of the key finds it free, and a
+    /// connection that goes back to the spares holds nothing by the time it
+    /// serves again. Done only where nothing can go wrong unseen: a claimed
+    /// connection that reaches the server directly (no pooler can move the
+    /// statement to another session, so the claim check cannot refuse it):
+    /// the prepared statement when it is, else the statement inlined in a
+    /// simple query. `false` otherwise: the caller then unlocks (or closes)
+    /// the usual way. The answer (a lock that was not held any more) is not
+    /// looked at; a guard dropped without `release()` has nobody to tell.
     pub(crate) fn send_unlock(&self, mode: Mode, key: &PgKey, text: Text) -> bool {
         use std::future::Future;
         use std::task::{Context, Waker};
         let owner = self.owner();
         let direct = self.direct.load(std::sync::atomic::Ordering::Relaxed)
             && !self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed);
-        if owner.is_empty() || text != Text::Prepared || !direct {
+        if owner.is_empty() || !direct {
             return false;
         }
-        let Some(stmt) = self.cached(Call::Unlock, mode, key) else {
-            return false;
-        };
-        let params = sql::Params::of(key, owner);
-        let (values, n) = params.values();
         // tokio-postgres sends a request when its future is first polled;
         // the answer is discarded once the future is gone. A first poll
         // that fails found the connection closed: the server has ended the
         // session, and its locks with it.
-        let query = std::pin::pin!(self.client.query_opt(&stmt, &values[..n]));
-        let _ = query.poll(&mut Context::from_waker(Waker::noop()));
+        let mut cx = Context::from_waker(Waker::noop());
+        match self
+            .cached(Call::Unlock, mode, key)
+            .filter(|_| text == Text::Prepared)
+        {
+            Some(stmt) => {
+                let params = sql::Params::of(key, owner);
+                let (values, n) = params.values();
+                let query = std::pin::pin!(self.client.query_opt(&stmt, &values[..n]));
+                let _ = query.poll(&mut cx);
+            }
+            None => {
+                let sql = sql::inline(Call::Unlock, false, mode, key, None, owner);
+                let batch = std::pin::pin!(self.client.batch_execute(&sql));
+                let _ = batch.poll(&mut cx);
+            }
+        }
         true
     }
 
