@@ -207,7 +207,8 @@ const FOREIGN_PAUSE: Duration = Duration::from_millis(1);
 /// as `contended` measures it) for three pairs in the same run: a raw
 /// `pg_advisory_lock` holder (as the gem or psql would be) and a raw waiter
 /// (the floor); the raw holder and a dbmutex waiter with the given
-/// strategy; a dbmutex holder (`release().await`) and a raw waiter.
+/// strategy; a dbmutex holder (`release().await`) and a raw waiter; and
+/// two dbmutex lockers (two sessions, as two processes would be).
 /// PostgreSQL only.
 pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
     if env.kind != BackendKind::Postgres {
@@ -216,11 +217,12 @@ pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
     let app = env.app("foreign");
     let mut rows = Vec::new();
     // (dbmutex holder, dbmutex waiter)
-    for (dbmutex_holder, dbmutex_waiter) in [(false, false), (false, true), (true, false)] {
+    for (dbmutex_holder, dbmutex_waiter) in [(false, false), (false, true), (true, false), (true, true)] {
         let tag = match (dbmutex_holder, dbmutex_waiter) {
             (false, false) => "foreign-raw",
             (false, true) => "foreign",
-            _ => "foreign-rev",
+            (true, false) => "foreign-rev",
+            (true, true) => "foreign-both",
         };
         let name = env.name(tag, 0);
         let (k1, k2) = pg_pair(&name);
