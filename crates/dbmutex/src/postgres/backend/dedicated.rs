@@ -234,11 +234,7 @@ impl Dedicated {
             // Before the unlock, as `release` does: no keepalive probe may
             // follow it on a connection that may next serve a blocking wait.
             self.lock.conn.stop_heartbeat();
-            if self
-                .lock
-                .conn
-                .send_unlock(self.lock.mode, &self.lock.key, self.lock.text)
-            {
+            if self.lock.conn.send_unlock(self.lock.mode, &self.lock.key) {
                 let Dedicated {
                     lock,
                     spares,

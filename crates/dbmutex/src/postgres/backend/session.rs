@@ -60,28 +60,33 @@ impl SessionGrant {
 }
 
 impl Release {
-    /// From `Drop`: no runtime is needed here, the handle spawns onto the
-    /// connection's own runtime. If that runtime is gone, so is the
-    /// connection, and the server has freed the lock.
-    fn in_background(mut self) {
-        if self.lock.mode == Mode::Exclusive {
-            if let Some(h) = self.hold.take() {
-                self.hold = handoff::park(&self.lock, h);
-                if self.hold.is_none() {
-                    // Handed to a waiter of this process, as `release` does.
-                    self.names.remove(&self.lock.key);
-                    return;
-                }
-            }
+    /// Lets go of the name (for `list`) and, for an exclusive lock another
+    /// task of ours waits for, parks the server lock for that task instead
+    /// of unlocking it (see [`handoff`]): `true` when it did, and nothing is
+    /// left to unlock.
+    fn handed_over(&mut self) -> bool {
+        self.names.remove(&self.lock.key);
+        if self.lock.mode != Mode::Exclusive {
+            return false;
         }
-        if self
-            .lock
-            .conn
-            .send_unlock(self.lock.mode, &self.lock.key, self.lock.text)
-        {
-            // On the wire: whatever this process sends next reaches the
-            // server after it, so the hold and the room can go now.
-            self.names.remove(&self.lock.key);
+        let Some(h) = self.hold.take() else {
+            return false;
+        };
+        self.hold = handoff::park(&self.lock, h);
+        self.hold.is_none()
+    }
+
+    /// From `Drop`: no runtime is needed here. On a direct connection the
+    /// unlock is queued on it by this thread; else the handle spawns it
+    /// onto the connection's own runtime. If that runtime is gone, so is
+    /// the connection, and the server has freed the lock.
+    fn in_background(mut self) {
+        // Queued: whatever this connection sends next reaches the server
+        // after it, so the hold goes now (dropped with `self`), and the
+        // room in the lock table too (a lock another connection of ours
+        // takes meanwhile may overtake it: one lock, within the budget's
+        // margin).
+        if self.handed_over() || self.lock.conn.send_unlock(self.lock.mode, &self.lock.key) {
             return;
         }
         // The next request of this process for the key waits for this
@@ -92,12 +97,8 @@ impl Release {
         let runtime = self.lock.conn.runtime.clone();
         drop(runtime.spawn(async move {
             let Release {
-                lock,
-                hold,
-                budget,
-                names,
+                lock, hold, budget, ..
             } = self;
-            names.remove(&lock.key);
             let r = lock.unlock().await;
             drop((hold, budget));
             if let Err(e) = r {
@@ -113,22 +114,14 @@ impl Grant for SessionGrant {
             // Dropped before its first poll, this future drops `self`, whose
             // armed undo unlocks in the background. From here on the future
             // owns the unlock: its first poll sends it (below).
-            let Release {
-                lock,
-                mut hold,
-                budget,
-                names,
-            } = self.release.take().expect("held until released");
-            names.remove(&lock.key);
-            let _budget = budget;
-            if lock.mode == Mode::Exclusive {
-                if let Some(h) = hold.take() {
-                    hold = handoff::park(&lock, h);
-                    if hold.is_none() {
-                        return Ok(());
-                    }
-                }
+            let mut release = self.release.take().expect("held until released");
+            if release.handed_over() {
+                return Ok(());
             }
+            let Release {
+                lock, hold, budget, ..
+            } = release;
+            let _budget = budget;
             let unlock = lock.unlock();
             tokio::pin!(unlock);
             // The first poll sends the unlock. Once it is on the wire, an

@@ -78,7 +78,7 @@ async fn wait_session_one(
     deadline: Deadline,
     comment: bool,
 ) -> Result<bool> {
-    claimed(conn).await?;
+    // Claimed by `wait_dedicated`, before it chose this form.
     let params = sql::Params::of(&key, conn.owner());
     // Whether the statement returned its one row (none: the claim check
     // refused it on a session that is not ours).

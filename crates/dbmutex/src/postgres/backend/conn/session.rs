@@ -274,7 +274,7 @@ impl PgConn {
     /// simple query. `false` otherwise: the caller then unlocks (or closes)
     /// the usual way. The answer (a lock that was not held any more) is not
     /// looked at; a guard dropped without `release()` has nobody to tell.
-    pub(crate) fn send_unlock(&self, mode: Mode, key: &PgKey, text: Text) -> bool {
+    pub(crate) fn send_unlock(&self, mode: Mode, key: &PgKey) -> bool {
         use std::future::Future;
         use std::task::{Context, Waker};
         let owner = self.owner();
@@ -288,10 +288,10 @@ impl PgConn {
         // that fails found the connection closed: the server has ended the
         // session, and its locks with it.
         let mut cx = Context::from_waker(Waker::noop());
-        match self
-            .cached(Call::Unlock, mode, key)
-            .filter(|_| text == Text::Prepared)
-        {
+        // Prepared unlocks are cached only where this connection's lock
+        // statements go prepared: on a direct one (checked above) or with
+        // name comments off (behind a pooler, refused above).
+        match self.cached(Call::Unlock, mode, key) {
             Some(stmt) => {
                 let params = sql::Params::of(key, owner);
                 let (values, n) = params.values();
