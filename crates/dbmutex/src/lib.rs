@@ -81,7 +81,7 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod builder;
 mod core;

@@ -19,6 +19,28 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// A borrowed-lifetime boxed, sendable future (the engine's methods).
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+thread_local! {
+    /// The spare allocation of each thread's release futures
+    /// ([`Grant::release`]), for grants without a shelf of their own.
+    pub(crate) static RELEASES: std::cell::Cell<Option<super::reuse::Spare>> = const { std::cell::Cell::new(None) };
+}
+
+/// A grant's release on its way: boxed, in the allocation of the last
+/// release of the same size this thread finished on the same shelf (see
+/// [`super::reuse`]).
+pub(crate) type Releasing = super::reuse::Reused<'static, Result<()>>;
+
+/// Boxes a grant's release future for [`Grant::release`], on `shelf`: a
+/// grant whose release future differs in size from others' that the same
+/// thread may release in turn (PostgreSQL's lock-session and dedicated
+/// grants) keeps a shelf of its own, else [`RELEASES`].
+pub(crate) fn releasing<F>(shelf: &'static super::reuse::Shelf, fut: F) -> Releasing
+where
+    F: Future<Output = Result<()>> + Send + 'static,
+{
+    super::reuse::Reused::new(shelf, fut)
+}
+
 /// A *grant*: one server lock (or lock file) on one session, as a backend
 /// hands it to the core, carrying the in-process hold and the lock-table
 /// ticket it was acquired with.
@@ -30,7 +52,8 @@ pub(crate) trait Grant: Send + Sync + 'static {
     /// Releases the lock and reports whether the server confirmed it. On a
     /// failure that leaves the lock's fate unknown, the implementation closes
     /// the connection so the server frees the lock anyway.
-    fn release(self: Box<Self>) -> BoxFuture<Result<()>>;
+    /// The future is boxed on [`RELEASES`]' spare box ([`releasing`]).
+    fn release(self: Box<Self>) -> Releasing;
 
     /// This lock's loss token.
     fn loss(&self) -> LossToken;

@@ -27,6 +27,8 @@ pub(crate) mod loss;
 pub(crate) mod metrics;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
+#[allow(unsafe_code)]
+pub(crate) mod reuse;
 pub(crate) mod scope;
 pub(crate) mod scoped;
 pub(crate) mod settle;

@@ -17,6 +17,7 @@ use super::arbiter::{Arbiter, SlotExt};
 use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
+use super::reuse::{Reused, Spare};
 use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{Backoff, Deadline};
@@ -24,6 +25,13 @@ use crate::runs::LastRun;
 use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
+
+thread_local! {
+    /// The spare allocation of each thread's server waits.
+    static WAITS: std::cell::Cell<Option<Spare>> = const { std::cell::Cell::new(None) };
+    /// The spare allocation of each thread's waits after a failed try.
+    static WAITS_AFTER_TRY: std::cell::Cell<Option<Spare>> = const { std::cell::Cell::new(None) };
+}
 
 /// A backend behind the core, as the [`Locker`](crate::Locker) sees it.
 pub(crate) trait Engine: Send + Sync {
@@ -288,9 +296,11 @@ impl<B: Backend> Pipeline<B> {
         let tries = self.backend.begin(&at).await?;
         // The waits are boxed: only the first try is inline in the
         // acquisition's future, which stays small (it is moved on every
-        // acquisition); a wait costs one allocation besides.
+        // acquisition); a wait reuses the allocation of this thread's last
+        // wait (`core::reuse`: a wait's future is ~4 KB, past malloc's
+        // per-thread cache).
         let g = match plan.wait {
-            WaitIn::Server => match Box::pin(self.backend.wait_in_server(tries, &mut at)).await? {
+            WaitIn::Server => match Reused::new(&WAITS, self.backend.wait_in_server(tries, &mut at)).await? {
                 Waited::Granted(g) => Some(g),
                 Waited::TimedOut => None,
                 Waited::Poll(_) => {
@@ -307,7 +317,7 @@ impl<B: Backend> Pipeline<B> {
                 if opts.is_try_once() || at.deadline.passed() {
                     return Ok(None);
                 }
-                return Box::pin(self.wait_after_try(tries, &mut at, max_backoff)).await;
+                return Reused::new(&WAITS_AFTER_TRY, self.wait_after_try(tries, &mut at, max_backoff)).await;
             }
         };
         Ok(g.map(|g| Granted::new(g, None)))

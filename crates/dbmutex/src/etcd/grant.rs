@@ -11,7 +11,7 @@ use super::client;
 use super::session::Session;
 use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
+use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing, RELEASES};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Error, Result};
@@ -84,13 +84,13 @@ pub(super) async fn delete_until_done(held: Held) {
 impl Grant for EtcdGrant {
     /// Deletes the key; if etcd does not confirm it, the delete goes on in
     /// the background until it succeeds or the lease ends.
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+    fn release(mut self: Box<Self>) -> Releasing {
         let mut held = self.release.take().expect("held until released");
         held.session.held.remove(&held.key);
         if let Some(h) = held.hold.as_mut() {
             h.releasing();
         }
-        Box::pin(async move {
+        releasing(&RELEASES, async move {
             // Cancelled midway, the delete goes on in the background.
             let mut again = Undo::with(held, spawn_delete);
             let r = again.peek(|h| (h.client.clone(), h.key.clone())).expect("armed");

@@ -8,7 +8,7 @@ use super::file::{blocking, io_error, LockFile};
 use super::wake::Woken;
 use super::{delay, fence, runs};
 use crate::core::arbiter::Hold;
-use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
+use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing, RELEASES};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::Result;
@@ -58,8 +58,8 @@ impl FileGrant {
 }
 
 impl Grant for FileGrant {
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        Box::pin(std::future::ready(self.unlock()))
+    fn release(mut self: Box<Self>) -> Releasing {
+        releasing(&RELEASES, std::future::ready(self.unlock()))
     }
 
     fn loss(&self) -> LossToken {

@@ -15,7 +15,7 @@ use super::lock_conn::{ping_timeout, LockConn};
 use super::registry::Shared;
 use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
+use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing, RELEASES};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Error, LockName, Result};
@@ -88,7 +88,7 @@ impl MyGrant {
 }
 
 impl Grant for MyGrant {
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+    fn release(mut self: Box<Self>) -> Releasing {
         let mut release = self.release.take().expect("held until released");
         if let Some(h) = release.hold.as_mut() {
             h.releasing();
@@ -101,7 +101,7 @@ impl Grant for MyGrant {
             .shared
             .connector
             .kill_on_drop(&release.shared.runtime, release.lc.id);
-        Box::pin(async move {
+        releasing(&RELEASES, async move {
             let r = release.run().await;
             kill.disarm();
             r

@@ -13,7 +13,7 @@ use super::session_lock::SessionLock;
 use super::waits::wait_dedicated;
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
+use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing};
 use crate::core::idle::Idle;
 use crate::core::loss::LossToken;
 use crate::core::wait::Deadline;
@@ -287,11 +287,16 @@ impl DedicatedGrant {
     }
 }
 
+thread_local! {
+    /// The spare allocation of each thread's dedicated-grant releases.
+    static RELEASES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+}
+
 impl Grant for DedicatedGrant {
     /// In the caller's task (no hop to another task on the way to the
     /// server): dropped before the unlock is confirmed, the connection is
     /// closed instead, which frees the lock just the same.
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
+    fn release(mut self: Box<Self>) -> Releasing {
         let d = self.held.take().expect("held until released");
         // Before the unlock: no keepalive probe may follow it, since the
         // connection may next serve a wait that blocks.
@@ -299,7 +304,7 @@ impl Grant for DedicatedGrant {
         // Dropped before its first poll, the future closes the connection
         // (no unlock was sent); from its first poll on, `abandoned` does.
         let mut unsent = Undo::with(d, Dedicated::close);
-        Box::pin(async move {
+        releasing(&RELEASES, async move {
             let Dedicated {
                 lock,
                 xact,

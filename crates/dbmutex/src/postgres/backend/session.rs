@@ -12,7 +12,7 @@ use super::handoff::{self, PgHold};
 use super::names::OwnNames;
 use super::session_lock::SessionLock;
 use crate::core::detach::Undo;
-use crate::core::guard::{BoxFuture, DelayRecord, Grant, OnSession};
+use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing};
 use crate::core::loss::LossToken;
 use crate::runs::{RunStart, Who};
 use crate::{Mode, Result};
@@ -108,9 +108,14 @@ impl Release {
     }
 }
 
+thread_local! {
+    /// The spare allocation of each thread's lock-session-grant releases.
+    static RELEASES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+}
+
 impl Grant for SessionGrant {
-    fn release(mut self: Box<Self>) -> BoxFuture<Result<()>> {
-        Box::pin(async move {
+    fn release(mut self: Box<Self>) -> Releasing {
+        releasing(&RELEASES, async move {
             // Dropped before its first poll, this future drops `self`, whose
             // armed undo unlocks in the background. From here on the future
             // owns the unlock: its first poll sends it (below).

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::conn::{PgConn, Text};
 use super::pooler;
+use crate::core::reuse::Reused;
 use crate::key::PgKey;
 use crate::postgres::errors::{db_err, is_session_end};
 use crate::postgres::sql::Call;
@@ -68,7 +69,7 @@ impl SessionLock {
     pub(crate) async fn try_lock(self) -> (SessionLock, Result<bool>) {
         let call = InFlight {
             runtime: self.conn.runtime.clone(),
-            call: Some(Box::pin(async move {
+            call: Some(Reused::new(&TRIES, async move {
                 let answer = self
                     .conn
                     .lock_call(Call::Try, self.mode, &self.key, &self.name, self.text)
@@ -89,8 +90,14 @@ impl SessionLock {
 
 type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 
-/// The try's statement, boxed: it owns the lock until it answers.
-type TryCall = std::pin::Pin<Box<dyn std::future::Future<Output = (SessionLock, Answer)> + Send>>;
+/// The try's statement, boxed (in the box of this thread's last try that
+/// answered): it owns the lock until it answers.
+type TryCall = Reused<'static, (SessionLock, Answer)>;
+
+thread_local! {
+    /// The spare allocation of each thread's tries ([`TryCall`]).
+    static TRIES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+}
 
 /// A try on its way, carrying its lock: polled in place; dropped once sent
 /// (polled) and unanswered, it is finished in the background and its
@@ -113,7 +120,7 @@ impl std::future::Future for InFlight {
         let Some(call) = self.call.as_mut() else {
             return std::task::Poll::Pending;
         };
-        let polled = call.as_mut().poll(cx);
+        let polled = std::pin::Pin::new(call).poll(cx);
         self.sent = true;
         let answer = std::task::ready!(polled);
         self.call = None;
