@@ -19,6 +19,8 @@ pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::Random
 
 pub(crate) mod arbiter;
 pub(crate) mod backend;
+#[allow(unsafe_code)]
+pub(crate) mod clock;
 pub(crate) mod delay;
 pub(crate) mod detach;
 pub(crate) mod guard;

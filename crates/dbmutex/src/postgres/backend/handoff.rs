@@ -104,11 +104,7 @@ impl Contended {
     }
 }
 
-/// Milliseconds on a process-wide monotonic clock, never 0.
-fn clock_ms() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
-}
+use crate::core::clock::coarse_ms as clock_ms;
 
 /// Parks the exclusive lock `hold` guards for an in-process waiter instead
 /// of unlocking it — if one waits, and the key has not been handed over

@@ -84,9 +84,9 @@ pub(crate) struct PgConn {
     /// (`pg_stat_activity` keeps showing it); made into a comment only there,
     /// not on every lock.
     pub(super) last_name: std::sync::Mutex<String>,
-    /// When the session last heard from the server (ms since `born`).
+    /// When the session last heard from the server
+    /// ([`coarse_ms`](crate::core::clock::coarse_ms)).
     pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
-    pub(super) born: std::time::Instant,
     /// Prepared lock statements (used when name comments are off).
     /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
     /// builds no SQL text to find one.
@@ -173,7 +173,6 @@ impl PgConn {
             executed: Default::default(),
             last_name: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
-            born: std::time::Instant::now(),
             claim: std::sync::OnceLock::new(),
             claim_tried: Default::default(),
             lock_table: Default::default(),
@@ -347,7 +346,7 @@ impl PgConn {
     }
 
     pub(super) fn heard_from_server(&self) {
-        let now = self.born.elapsed().as_millis() as u64;
+        let now = crate::core::clock::coarse_ms();
         self.last_answer_ms
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
     }
