@@ -204,114 +204,33 @@ const FOREIGN_PAUSE: Duration = Duration::from_millis(1);
 /// A holder and a waiter taking turns on one key: the holder holds 2 ms,
 /// unlocks, pauses 1 ms, again; the waiter takes the lock each time it is
 /// free. Reports the hand-off (the holder's unlock sent → the waiter holds,
-/// as `contended` measures it) for three pairs in the same run: a raw
+/// as `contended` measures it) for four pairs in the same run: a raw
 /// `pg_advisory_lock` holder (as the gem or psql would be) and a raw waiter
 /// (the floor); the raw holder and a dbmutex waiter with the given
 /// strategy; a dbmutex holder (`release().await`) and a raw waiter; and
 /// two dbmutex lockers (two sessions, as two processes would be).
-/// PostgreSQL only.
+/// The run's time is cut into [`FOREIGN_ROUNDS`] rounds, each pair taking
+/// its slice of every round (in rotated order), so a change of the
+/// machine's load during the run falls on all pairs alike; each row pools
+/// its pair's hand-offs of every round. PostgreSQL only.
 pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
     if env.kind != BackendKind::Postgres {
         anyhow::bail!("foreign-holder hand-off is measured on PostgreSQL");
     }
-    let app = env.app("foreign");
-    let mut rows = Vec::new();
     // (dbmutex holder, dbmutex waiter)
-    for (dbmutex_holder, dbmutex_waiter) in [(false, false), (false, true), (true, false), (true, true)] {
-        let tag = match (dbmutex_holder, dbmutex_waiter) {
-            (false, false) => "foreign-raw",
-            (false, true) => "foreign",
-            (true, false) => "foreign-rev",
-            (true, true) => "foreign-both",
-        };
-        let name = env.name(tag, 0);
-        let (k1, k2) = pg_pair(&name);
-        let opts = LockOptions::new().wait_strategy(env.p.strategy);
-        let locker = |app: String| async move {
-            dbmutex::Locker::builder(&env.url)
-                .application_name(&app)
-                .prefix(dbmutex::Prefix::none())
-                .connect()
-                .await
-        };
-        let holder = raw::pg_connect(&env.url, &app).await?;
-        let holder_locker = if dbmutex_holder {
-            Some(locker(app.clone()).await?)
-        } else {
-            None
-        };
-        let released: Arc<Mutex<Option<Instant>>> = Arc::default();
-        let handoffs: Arc<Mutex<Latencies>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // The waiter.
-        let waiter = {
-            let (released, handoffs, stop) = (released.clone(), handoffs.clone(), stop.clone());
-            let waiter_locker = if dbmutex_waiter {
-                Some(locker(app.clone()).await?)
-            } else {
-                None
-            };
-            let raw_conn = if dbmutex_waiter {
-                None
-            } else {
-                Some(raw::pg_connect(&env.url, &app).await?)
-            };
-            let name = name.clone();
-            tokio::spawn(async move {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    if let Some(c) = &raw_conn {
-                        c.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]).await?;
-                        record(&released, &handoffs);
-                        c.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
-                            .await?;
-                    } else {
-                        let g = waiter_locker
-                            .as_ref()
-                            .expect("one of the two")
-                            .acquire(name.as_str(), &opts)
-                            .await?
-                            .context("not acquired")?;
-                        record(&released, &handoffs);
-                        g.release().await?;
-                    }
-                    // Gives the holder its turn.
-                    tokio::time::sleep(FOREIGN_PAUSE / 2).await;
-                }
-                anyhow::Ok(())
-            })
-        };
-        let lock = holder.prepare("SELECT pg_advisory_lock($1, $2)").await?;
-        let unlock = holder.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
-        let end = Instant::now() + env.p.duration;
-        while Instant::now() < end {
-            let guard = match &holder_locker {
-                Some(l) => Some(
-                    l.acquire(name.as_str(), &LockOptions::new())
-                        .await?
-                        .context("not acquired")?,
-                ),
-                None => {
-                    holder.execute(&lock, &[&k1, &k2]).await?;
-                    None
-                }
-            };
-            tokio::time::sleep(FOREIGN_HOLD).await;
-            // Stamped before the unlock goes out: the waiter's grant and the
-            // holder's answer leave the server together, and a stamp taken
-            // on the answer raced the waiter's task (then that hand-off was
-            // recorded one pause late: raw waiters measured 1.25 ms).
-            *released.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-            match guard {
-                Some(g) => g.release().await?,
-                None => drop(holder.execute(&unlock, &[&k1, &k2]).await?),
-            }
-            tokio::time::sleep(FOREIGN_PAUSE).await;
+    const PAIRS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+    let slice = env.p.duration / FOREIGN_ROUNDS as u32;
+    let mut pooled: [Latencies; 4] = Default::default();
+    for round in 0..FOREIGN_ROUNDS {
+        for i in 0..PAIRS.len() {
+            let p = (i + round) % PAIRS.len();
+            let (h, w) = PAIRS[p];
+            let lat = foreign_pair(env, h, w, slice).await?;
+            pooled[p].merge(lat);
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        // The waiter may be blocked in the server: let it through.
-        drop((holder, holder_locker));
-        waiter.await??;
-        let lat = std::mem::take(&mut *handoffs.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    let mut rows = Vec::new();
+    for ((dbmutex_holder, dbmutex_waiter), lat) in PAIRS.into_iter().zip(pooled) {
         let mut row = Row::new("foreign", env.kind.as_str(), 1, lat, env.p.duration.as_secs_f64());
         let who = |dbmutex: bool| {
             if dbmutex {
@@ -322,12 +241,121 @@ pub async fn foreign(env: &Env) -> anyhow::Result<Vec<Row>> {
         };
         row.set("holder", who(dbmutex_holder));
         row.set("waiter", who(dbmutex_waiter));
+        row.set("rounds", FOREIGN_ROUNDS);
         if dbmutex_holder || dbmutex_waiter {
             row.set("strategy", strategy_name(env.p.strategy));
         }
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// Rounds of [`foreign`].
+const FOREIGN_ROUNDS: usize = 5;
+
+/// One pair of [`foreign`] for `duration`: its hand-offs.
+async fn foreign_pair(
+    env: &Env,
+    dbmutex_holder: bool,
+    dbmutex_waiter: bool,
+    duration: Duration,
+) -> anyhow::Result<Latencies> {
+    let app = env.app("foreign");
+    let tag = match (dbmutex_holder, dbmutex_waiter) {
+        (false, false) => "foreign-raw",
+        (false, true) => "foreign",
+        (true, false) => "foreign-rev",
+        (true, true) => "foreign-both",
+    };
+    let name = env.name(tag, 0);
+    let (k1, k2) = pg_pair(&name);
+    let opts = LockOptions::new().wait_strategy(env.p.strategy);
+    let locker = |app: String| async move {
+        dbmutex::Locker::builder(&env.url)
+            .application_name(&app)
+            .prefix(dbmutex::Prefix::none())
+            .connect()
+            .await
+    };
+    let holder = raw::pg_connect(&env.url, &app).await?;
+    let holder_locker = if dbmutex_holder {
+        Some(locker(app.clone()).await?)
+    } else {
+        None
+    };
+    let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handoffs: Arc<Mutex<Latencies>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The waiter.
+    let waiter = {
+        let (released, handoffs, stop) = (released.clone(), handoffs.clone(), stop.clone());
+        let waiter_locker = if dbmutex_waiter {
+            Some(locker(app.clone()).await?)
+        } else {
+            None
+        };
+        let raw_conn = if dbmutex_waiter {
+            None
+        } else {
+            Some(raw::pg_connect(&env.url, &app).await?)
+        };
+        let name = name.clone();
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(c) = &raw_conn {
+                    c.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]).await?;
+                    record(&released, &handoffs);
+                    c.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+                        .await?;
+                } else {
+                    let g = waiter_locker
+                        .as_ref()
+                        .expect("one of the two")
+                        .acquire(name.as_str(), &opts)
+                        .await?
+                        .context("not acquired")?;
+                    record(&released, &handoffs);
+                    g.release().await?;
+                }
+                // Gives the holder its turn.
+                tokio::time::sleep(FOREIGN_PAUSE / 2).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let lock = holder.prepare("SELECT pg_advisory_lock($1, $2)").await?;
+    let unlock = holder.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        let guard = match &holder_locker {
+            Some(l) => Some(
+                l.acquire(name.as_str(), &LockOptions::new())
+                    .await?
+                    .context("not acquired")?,
+            ),
+            None => {
+                holder.execute(&lock, &[&k1, &k2]).await?;
+                None
+            }
+        };
+        tokio::time::sleep(FOREIGN_HOLD).await;
+        // Stamped before the unlock goes out: the waiter's grant and the
+        // holder's answer leave the server together, and a stamp taken
+        // on the answer raced the waiter's task (then that hand-off was
+        // recorded one pause late: raw waiters measured 1.25 ms).
+        *released.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        match guard {
+            Some(g) => g.release().await?,
+            None => drop(holder.execute(&unlock, &[&k1, &k2]).await?),
+        }
+        tokio::time::sleep(FOREIGN_PAUSE).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The waiter may be blocked in the server: let it through.
+    drop((holder, holder_locker));
+    waiter.await??;
+    let lat = std::mem::take(&mut *handoffs.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(lat)
 }
 
 /// Records the hand-off since the foreign holder's last unlock, once per unlock.
