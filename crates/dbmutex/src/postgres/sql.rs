@@ -128,8 +128,10 @@ pub(crate) enum Within {
 /// How a bounded wait's text carries the key, the claim token and the bound.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Form {
-    /// One statement, preparable: the key `$1[, $2]`, the claim token next
-    /// (if guarded), the bound ([`lock_timeout`]) last. Autocommit only.
+    /// One statement, preparable: the key `$1[, $2]` and the bound
+    /// ([`lock_timeout`]) next; the claim token (if guarded) inlined, as a
+    /// connection's prepared statements are its own (one parameter fewer
+    /// to encode and bind on every wait). Autocommit only.
     Bound,
     /// A simple-protocol batch with everything inlined, the bound read from
     /// the deadline here, as the text is built.
@@ -175,22 +177,6 @@ impl BoundedWait<'_> {
             .comment
             .map(|n| format!(" /* {} */", key::sql_comment(n)))
             .unwrap_or_default();
-        let Form::Inline(deadline) = self.form else {
-            debug_assert!(self.within == Within::Autocommit && !self.xact);
-            let (args, next) = match self.key {
-                PgKey::Pair(..) => ("$1, $2", 3),
-                PgKey::Big(_) => ("$1", 2),
-            };
-            let (guard, bound) = match self.claim {
-                Some(_) => (
-                    format!(" WHERE {}", guard(self.xact, self.key, &format!("${next}"))),
-                    next + 1,
-                ),
-                None => (String::new(), next),
-            };
-            let set = settings(&format!("${bound}"));
-            return format!("SELECT {set}, {f}({args}){guard}{comment}");
-        };
         let guard = self
             .claim
             .map(|owner| {
@@ -198,6 +184,15 @@ impl BoundedWait<'_> {
                 format!(" WHERE {}", guard(self.xact, self.key, &format!("'{owner}'")))
             })
             .unwrap_or_default();
+        let Form::Inline(deadline) = self.form else {
+            debug_assert!(self.within == Within::Autocommit && !self.xact);
+            let (args, bound) = match self.key {
+                PgKey::Pair(..) => ("$1, $2", 3),
+                PgKey::Big(_) => ("$1", 2),
+            };
+            let set = settings(&format!("${bound}"));
+            return format!("SELECT {set}, {f}({args}){guard}{comment}");
+        };
         let set = format!("SELECT {}", settings(&format!("'{}'", lock_timeout(deadline))));
         let lock = format!("SELECT {f}({}){guard}{comment}", self.key.sql_args());
         match self.within {
@@ -256,14 +251,15 @@ fn literal(value: &str) -> String {
     format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
-/// [`BoundedWait`] for a lock session's wait, prepared once per connection:
-/// the same text for every name, bound as [`Params`] and then [`lock_timeout`].
-pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey) -> String {
+/// [`BoundedWait`] for a lock session's wait, prepared once per connection
+/// with its claim token `owner` inlined: the same text for every name,
+/// bound as [`Params::key_values`] and then [`lock_timeout`].
+pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey, owner: &str) -> String {
     BoundedWait {
         xact: false,
         mode,
         key,
-        claim: Some(""),
+        claim: Some(owner),
         comment: None,
         within: Within::Autocommit,
         form: Form::Bound,
@@ -325,12 +321,14 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// As `query` wants them, without an allocation: the values, of which
-    /// the first `n` count.
-    pub(crate) fn values(&self) -> ([&(dyn ToSql + Sync); 3], usize) {
+    /// The key's values only, without an allocation, of which the first
+    /// `n` count: for the
+    /// statements a connection prepares with its claim token inlined
+    /// ([`prepared_body`], [`bounded_wait_plain`]).
+    pub(crate) fn key_values(&self) -> ([&(dyn ToSql + Sync); 2], usize) {
         match self {
-            Params::Pair(a, b, o) => ([a, b, o], 3),
-            Params::Big(k, o) => ([k, o, o], 2),
+            Params::Pair(a, b, _) => ([a, b], 2),
+            Params::Big(k, _) => ([k, k], 1),
         }
     }
 

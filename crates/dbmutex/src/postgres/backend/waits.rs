@@ -95,7 +95,9 @@ async fn wait_session_one(
         .text();
         let ms = sql::lock_timeout(deadline);
         let ms = &*ms;
+        // The claim token is inlined in the text: the key, then the bound.
         let mut typed = params.as_typed();
+        typed.pop();
         typed.push((&ms, tokio_postgres::types::Type::TEXT));
         conn.client
             .query_typed(&sql, &typed)
@@ -108,11 +110,10 @@ async fn wait_session_one(
                 let ms = &*ms;
                 // On the stack, and counted, not collected: every wait of a
                 // fleet runs this.
-                let (values, n) = params.values();
-                let mut all: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                    [values[0], values[1], values[2], &ms];
+                let (values, n) = params.key_values();
+                let mut all: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [values[0], values[1], &ms];
                 all[n] = &ms;
-                conn.client.execute(&stmt, &all[..=n]).await.map(|rows| rows == 1)
+                conn.client.execute(stmt, &all[..=n]).await.map(|rows| rows == 1)
             }
             Err(e) => Err(e),
         }

@@ -80,14 +80,15 @@ async fn bounded_waits() {
     };
     const SET: &str = "set_config('lock_timeout', '301ms', true), set_config('statement_timeout', '0', true)";
     const GUARD: &str = "current_setting('dbmutex.owner', true) = 'ab12'";
-    // A lock session's, one preparable statement (the bound bound last).
+    // A lock session's, one preparable statement (the key, then the bound;
+    // the connection's claim token inlined).
     let prepared = w(false, Some("ab12"), None, Within::Autocommit, Form::Bound);
     assert_eq!(
         prepared.text(),
-        "SELECT set_config('lock_timeout', $4, true), set_config('statement_timeout', '0', true), \
-             pg_advisory_lock($1, $2) WHERE current_setting('dbmutex.owner', true) = $3"
+        "SELECT set_config('lock_timeout', $3, true), set_config('statement_timeout', '0', true), \
+             pg_advisory_lock($1, $2) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
     );
-    assert_eq!(prepared.text(), bounded_wait_plain(Mode::Exclusive, &key));
+    assert_eq!(prepared.text(), bounded_wait_plain(Mode::Exclusive, &key, "ab12"));
     assert_eq!(prepared.rows(), 1);
     assert_eq!(
         BoundedWait {
@@ -97,8 +98,8 @@ async fn bounded_waits() {
             ..prepared
         }
         .text(),
-        "SELECT set_config('lock_timeout', $3, true), set_config('statement_timeout', '0', true), \
-             pg_advisory_lock_shared($1) WHERE current_setting('dbmutex.owner', true) = $2 /* a--b */"
+        "SELECT set_config('lock_timeout', $2, true), set_config('statement_timeout', '0', true), \
+             pg_advisory_lock_shared($1) WHERE current_setting('dbmutex.owner', true) = 'ab12' /* a--b */"
     );
     // A session lock on a dedicated connection (and an upgrade's request).
     let session = w(

@@ -1,52 +1,58 @@
 //! Lock statements as protocol-level prepared statements
 //! ([`Text::Prepared`](super::Text::Prepared)): prepared on a connection's
-//! first use of a call, mode and key form, and cached for its life.
+//! first use of a call, mode and key form, and cached for its life. The
+//! connection's claim token is inlined in them (it is the connection's for
+//! its life, and so are they): only the key is bound.
 
 use super::PgConn;
 use crate::key::PgKey;
 use crate::postgres::sql::{self, Call};
 use crate::Mode;
 
+/// The slot of `call`, `mode` and `key`'s form in `PgConn::statements`
+/// (12 of them: try, wait and unlock; exclusive and shared; a pair of
+/// `int4` or one `bigint`).
+fn slot(call: Call, mode: Mode, key: &PgKey) -> usize {
+    let call = match call {
+        Call::Try => 0,
+        Call::Wait => 1,
+        Call::Unlock => 2,
+    };
+    call * 4 + usize::from(mode == Mode::Shared) * 2 + usize::from(matches!(key, PgKey::Big(_)))
+}
+
 impl PgConn {
     /// The statement for `call`, `mode` and `key`'s form, if prepared.
-    pub(super) fn cached(&self, call: Call, mode: Mode, key: &PgKey) -> Option<tokio_postgres::Statement> {
-        self.statements
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(call, mode, matches!(key, PgKey::Big(_))))
-            .cloned()
+    pub(super) fn cached(&self, call: Call, mode: Mode, key: &PgKey) -> Option<&tokio_postgres::Statement> {
+        self.statements[slot(call, mode, key)].get()
     }
 
     /// The lock statement for `call`, `mode` and `key`'s form, prepared on
     /// first use and cached for the connection. A try's unlock is prepared
     /// with it (pipelined: one round trip for both), so that no unlock ever
     /// waits for a prepare: a release dropped mid-prepare would not know
-    /// whether its unlock went out.
+    /// whether its unlock went out. Two tasks preparing the same one at
+    /// once both prepare; the first kept serves both.
     pub(super) async fn prepared(
         &self,
         call: Call,
         mode: Mode,
         key: &PgKey,
-    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        let form = matches!(key, PgKey::Big(_));
+    ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
         if let Some(s) = self.cached(call, mode, key) {
             return Ok(s);
         }
-        let (s, unlock) = if call == Call::Try {
+        if call == Call::Try {
             let (t, u) = tokio::try_join!(
                 self.prepare_one(Call::Try, mode, key),
                 self.prepare_one(Call::Unlock, mode, key)
             )?;
-            (t, Some(u))
+            let _ = self.statements[slot(Call::Unlock, mode, key)].set(u);
+            Ok(self.statements[slot(call, mode, key)].get_or_init(|| t))
         } else {
-            (self.prepare_one(call, mode, key).await?, None)
-        };
-        let mut cache = self.statements.lock().unwrap_or_else(|e| e.into_inner());
-        cache.insert((call, mode, form), s.clone());
-        if let Some(u) = unlock {
-            cache.insert((Call::Unlock, mode, form), u);
+            let s = self.prepare_one(call, mode, key).await?;
+            Ok(self.statements[slot(call, mode, key)].get_or_init(|| s))
         }
-        Ok(s)
     }
 
     /// [`sql::bounded_wait_plain`] for `mode` and `key`'s form, prepared on
@@ -55,29 +61,18 @@ impl PgConn {
         &self,
         mode: Mode,
         key: &PgKey,
-    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        let id = (Call::Wait, mode, matches!(key, PgKey::Big(_)));
-        let cached = self
-            .statements
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned();
-        if let Some(s) = cached {
+    ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
+        let at = slot(Call::Wait, mode, key);
+        if let Some(s) = self.statements[at].get() {
             return Ok(s);
         }
-        let (_, params) = sql::bound_plain(Call::Wait, false, mode, key, "");
-        let mut types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
+        let mut types = key_types(key);
         types.push(tokio_postgres::types::Type::TEXT);
         let s = self
             .client
-            .prepare_typed(&sql::bounded_wait_plain(mode, key), &types)
+            .prepare_typed(&sql::bounded_wait_plain(mode, key, self.owner()), &types)
             .await?;
-        self.statements
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, s.clone());
-        Ok(s)
+        Ok(self.statements[at].get_or_init(|| s))
     }
 
     async fn prepare_one(
@@ -86,8 +81,16 @@ impl PgConn {
         mode: Mode,
         key: &PgKey,
     ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        let (sql, params) = sql::bound_plain(call, false, mode, key, "");
-        let types: Vec<_> = params.as_typed().into_iter().map(|(_, t)| t).collect();
-        self.client.prepare_typed(&sql, &types).await
+        let sql = sql::prepared_body(call, mode, key, self.owner());
+        self.client.prepare_typed(&sql, &key_types(key)).await
+    }
+}
+
+/// The parameter types of `key`'s form.
+fn key_types(key: &PgKey) -> Vec<tokio_postgres::types::Type> {
+    use tokio_postgres::types::Type;
+    match key {
+        PgKey::Pair(..) => vec![Type::INT4, Type::INT4],
+        PgKey::Big(_) => vec![Type::INT8],
     }
 }

@@ -87,11 +87,10 @@ pub(crate) struct PgConn {
     /// When the session last heard from the server
     /// ([`coarse_ms`](crate::core::clock::coarse_ms)).
     pub(super) last_answer_ms: std::sync::atomic::AtomicU64,
-    /// Prepared lock statements (used when name comments are off).
-    /// Keyed by call, mode and key form (`true`: `bigint`), so the hot path
-    /// builds no SQL text to find one.
-    pub(super) statements:
-        std::sync::Mutex<crate::core::FastMap<(Call, Mode, bool), tokio_postgres::Statement>>,
+    /// Prepared lock statements (used when name comments are off), one
+    /// slot per call, mode and key form (see `prepared.rs`): the hot path
+    /// finds one with no SQL text, no hash and no lock, and borrows it.
+    pub(super) statements: [std::sync::OnceLock<tokio_postgres::Statement>; 12],
     /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]).
     pub(super) executed: std::sync::Mutex<crate::core::FastSet<(Call, Mode, bool)>>,
     /// The server session this connection claimed when it connected; unset
@@ -246,8 +245,8 @@ impl PgConn {
             None => Box::pin(self.prepared(call, mode, key)).await?,
         };
         let params = sql::Params::of(key, owner);
-        let (values, n) = params.values();
-        match self.client.query_opt(&stmt, &values[..n]).await {
+        let (values, n) = params.key_values();
+        match self.client.query_opt(stmt, &values[..n]).await {
             Ok(row) => Ok(self.answered(row.as_ref())),
             // Our prepared statement is not on this server session:
             // a pooler moved us (to a session where the name may even
@@ -293,8 +292,8 @@ impl PgConn {
         match self.cached(Call::Unlock, mode, key) {
             Some(stmt) => {
                 let params = sql::Params::of(key, owner);
-                let (values, n) = params.values();
-                let query = std::pin::pin!(self.client.query_opt(&stmt, &values[..n]));
+                let (values, n) = params.key_values();
+                let query = std::pin::pin!(self.client.query_opt(stmt, &values[..n]));
                 let _ = query.poll(&mut cx);
             }
             None => {
