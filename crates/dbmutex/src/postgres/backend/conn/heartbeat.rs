@@ -64,44 +64,31 @@ impl PgConn {
     /// for its answer, and what follows) runs on the connection's runtime,
     /// as before: a runtime too blocked to read the answer is not taken for
     /// a dead server, since it cannot send the probe either.
+    ///
+    /// Until the process's timer thread runs, a probe's first sleep (no
+    /// probe is due before `every`) is on the connection's runtime, and
+    /// only then is the thread started and the probe moved there: the
+    /// thread's start (~100 µs, cold) is never on the path of an
+    /// acquisition, and a `dbmutex run` whose command ends within `every`
+    /// never starts it.
     fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
-        let answer_within = every.max(Duration::from_millis(500));
-        let clock = timers().unwrap_or(&self.runtime);
-        clock
+        if let Some(clock) = TIMERS.get() {
+            let on = clock.as_ref().unwrap_or(&self.runtime);
+            return on.spawn(probe_loop(weak, every, every)).abort_handle();
+        }
+        self.runtime
             .spawn(async move {
-                let mut wait = every;
-                loop {
-                    tokio::time::sleep(wait).await;
-                    let Some(conn) = weak.upgrade() else { return };
-                    if conn.is_lost() {
-                        return;
-                    }
-                    let spell = conn.beat_mode.load(Ordering::SeqCst);
-                    if spell & 3 == BEAT_PAUSED {
-                        wait = every;
-                        continue;
-                    }
-                    // The probe goes out `every` after the last answer (or the
-                    // spell's start), not on a fixed tick: a tick could add up
-                    // to another `every`.
-                    let quiet = Duration::from_millis(
-                        coarse_ms()
-                            .saturating_sub(conn.last_answer_ms.load(Ordering::Relaxed).max(spell >> 2)),
-                    );
-                    if quiet < every {
-                        wait = every - quiet;
-                        continue;
-                    }
-                    wait = every;
-                    let runtime = conn.runtime.clone();
-                    // A runtime shut down (its connection task with it)
-                    // ends the probing too.
-                    match runtime.spawn(conn.probe_once(spell, answer_within)).await {
-                        Ok(true) => {}
-                        Ok(false) | Err(_) => return,
-                    }
-                }
+                tokio::time::sleep(every).await;
+                let clock = timers();
+                let Some(conn) = weak.upgrade() else { return };
+                let on = clock.unwrap_or(&conn.runtime);
+                let probing = on
+                    .spawn(probe_loop(Arc::downgrade(&conn), every, Duration::ZERO))
+                    .abort_handle();
+                // Before this task ends, so `start_heartbeat` never finds
+                // it finished with no probe in its place.
+                *conn.beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(probing);
             })
             .abort_handle()
     }
@@ -203,11 +190,52 @@ const BEAT_XACT: u64 = 2;
 /// The probe's answer when the server is no longer a writable primary.
 const SUPERSEDED: &str = "superseded";
 
+/// The keepalive probe's clock for one connection (see `PgConn::probe`):
+/// sleeps until the connection has been quiet for `every`, then has one
+/// probe run on the connection's runtime; ends with the connection. Its
+/// first look is after `first`.
+async fn probe_loop(weak: std::sync::Weak<PgConn>, every: Duration, first: Duration) {
+    let answer_within = every.max(Duration::from_millis(500));
+    let mut wait = first;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(conn) = weak.upgrade() else { return };
+        if conn.is_lost() {
+            return;
+        }
+        let spell = conn.beat_mode.load(Ordering::SeqCst);
+        if spell & 3 == BEAT_PAUSED {
+            wait = every;
+            continue;
+        }
+        // The probe goes out `every` after the last answer (or the
+        // spell's start), not on a fixed tick: a tick could add up
+        // to another `every`.
+        let quiet = Duration::from_millis(
+            coarse_ms().saturating_sub(conn.last_answer_ms.load(Ordering::Relaxed).max(spell >> 2)),
+        );
+        if quiet < every {
+            wait = every - quiet;
+            continue;
+        }
+        wait = every;
+        let runtime = conn.runtime.clone();
+        // A runtime shut down (its connection task with it)
+        // ends the probing too.
+        match runtime.spawn(conn.probe_once(spell, answer_within)).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
+        }
+    }
+}
+
+/// [`timers`], once started.
+static TIMERS: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
+
 /// The runtime of the process's timer thread, started on first use, where
 /// keepalive probes keep their clocks; `None` if the thread could not be
 /// started (the probes then keep them on their connections' runtimes).
 fn timers() -> Option<&'static tokio::runtime::Handle> {
-    static TIMERS: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
     TIMERS
         .get_or_init(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
