@@ -678,15 +678,17 @@ async fn server_wait_connections_are_reused_clean() {
         "the released connection is reused"
     );
     let raw = pg_raw().await;
-    let held: i64 = raw
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+    // Advisory locks server session `pid1` holds.
+    let held = || async {
+        raw.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted",
             &[&(pid1 as i32)],
         )
         .await
         .unwrap()
-        .get(0);
-    assert_eq!(held, 1, "only the new lock");
+        .get::<_, i64>(0)
+    };
+    assert_eq!(held().await, 1, "only the new lock");
     // A dropped guard's unlock is queued on its connection, which goes
     // back to the spares: the next wait reuses it (no new server session),
     // and it holds only the new lock.
@@ -697,15 +699,7 @@ async fn server_wait_connections_are_reused_clean() {
         pid1,
         "the dropped guard's connection is reused"
     );
-    let held: i64 = raw
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted",
-            &[&(pid1 as i32)],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(held, 1, "the dropped guard's lock is gone");
+    assert_eq!(held().await, 1, "the dropped guard's lock is gone");
     assert!(l.holders(n2.as_str()).await.unwrap().is_empty(), "{n2} is free");
     g.release().await.unwrap();
     // A transaction lock's dropped guard closes its connection (that ends
