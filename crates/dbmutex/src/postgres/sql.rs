@@ -332,16 +332,21 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// As `query_typed` wants them.
-    pub(crate) fn as_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+    /// The key's values with their types: for a statement whose claim
+    /// token is inlined in its text (and the types it is prepared with).
+    pub(crate) fn key_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
         match self {
-            Params::Pair(a, b, o) => vec![
-                (a as &(dyn ToSql + Sync), Type::INT4),
-                (b, Type::INT4),
-                (o, Type::TEXT),
-            ],
-            Params::Big(k, o) => vec![(k as &(dyn ToSql + Sync), Type::INT8), (o, Type::TEXT)],
+            Params::Pair(a, b, _) => vec![(a as &(dyn ToSql + Sync), Type::INT4), (b, Type::INT4)],
+            Params::Big(k, _) => vec![(k as &(dyn ToSql + Sync), Type::INT8)],
         }
+    }
+
+    /// As `query_typed` wants them: the key, then the claim token.
+    pub(crate) fn as_typed(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        let (Params::Pair(.., owner) | Params::Big(_, owner)) = self;
+        let mut typed = self.key_typed();
+        typed.push((owner, Type::TEXT));
+        typed
     }
 }
 

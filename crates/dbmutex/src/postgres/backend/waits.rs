@@ -96,8 +96,7 @@ async fn wait_session_one(
         let ms = sql::lock_timeout(deadline);
         let ms = &*ms;
         // The claim token is inlined in the text: the key, then the bound.
-        let mut typed = params.as_typed();
-        typed.pop();
+        let mut typed = params.key_typed();
         typed.push((&ms, tokio_postgres::types::Type::TEXT));
         conn.client
             .query_typed(&sql, &typed)

@@ -88,9 +88,9 @@ impl PgConn {
 
 /// The parameter types of `key`'s form.
 fn key_types(key: &PgKey) -> Vec<tokio_postgres::types::Type> {
-    use tokio_postgres::types::Type;
-    match key {
-        PgKey::Pair(..) => vec![Type::INT4, Type::INT4],
-        PgKey::Big(_) => vec![Type::INT8],
-    }
+    sql::Params::of(key, "")
+        .key_typed()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect()
 }
