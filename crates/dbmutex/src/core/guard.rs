@@ -19,10 +19,10 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// A borrowed-lifetime boxed, sendable future (the engine's methods).
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-thread_local! {
+super::reuse::shelf! {
     /// The spare allocation of each thread's release futures
     /// ([`Grant::release`]), for grants without a shelf of their own.
-    pub(crate) static RELEASES: std::cell::Cell<Option<super::reuse::Spare>> = const { std::cell::Cell::new(None) };
+    pub(crate) static RELEASES;
 }
 
 /// A grant's release on its way: boxed, in the allocation of the last

@@ -17,7 +17,7 @@ use super::arbiter::{Arbiter, SlotExt};
 use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
-use super::reuse::{Reused, Spare};
+use super::reuse::Reused;
 use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{Backoff, Deadline};
@@ -26,11 +26,11 @@ use crate::settings::Settings;
 use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
-thread_local! {
+super::reuse::shelf! {
     /// The spare allocation of each thread's server waits.
-    static WAITS: std::cell::Cell<Option<Spare>> = const { std::cell::Cell::new(None) };
+    static WAITS;
     /// The spare allocation of each thread's waits after a failed try.
-    static WAITS_AFTER_TRY: std::cell::Cell<Option<Spare>> = const { std::cell::Cell::new(None) };
+    static WAITS_AFTER_TRY;
 }
 
 /// A backend behind the core, as the [`Locker`](crate::Locker) sees it.

@@ -31,6 +31,20 @@ use std::thread::LocalKey;
 /// One spare allocation per thread for one kind of future.
 pub(crate) type Shelf = LocalKey<Cell<Option<Spare>>>;
 
+/// Declares [`Shelf`]s: `shelf! { /// doc  static NAME; ... }`.
+macro_rules! shelf {
+    ($($(#[$meta:meta])* $vis:vis static $name:ident;)+) => {
+        thread_local! {
+            $(
+                $(#[$meta])*
+                $vis static $name: std::cell::Cell<Option<$crate::core::reuse::Spare>> =
+                    const { std::cell::Cell::new(None) };
+            )+
+        }
+    };
+}
+pub(crate) use shelf;
+
 /// An allocation of the global allocator, of `layout` (never zero-sized),
 /// holding no value; freed when dropped.
 pub(crate) struct Spare {
@@ -121,8 +135,8 @@ impl<T> Future for Reused<'_, T> {
 mod tests {
     use super::*;
 
-    thread_local! {
-        static TEST_SHELF: Cell<Option<Spare>> = const { Cell::new(None) };
+    shelf! {
+        static TEST_SHELF;
     }
 
     fn spare_addr() -> Option<usize> {

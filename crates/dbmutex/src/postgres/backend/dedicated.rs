@@ -287,9 +287,9 @@ impl DedicatedGrant {
     }
 }
 
-thread_local! {
+crate::core::reuse::shelf! {
     /// The spare allocation of each thread's dedicated-grant releases.
-    static RELEASES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+    static RELEASES;
 }
 
 impl Grant for DedicatedGrant {

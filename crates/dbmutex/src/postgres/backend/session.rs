@@ -108,9 +108,9 @@ impl Release {
     }
 }
 
-thread_local! {
+crate::core::reuse::shelf! {
     /// The spare allocation of each thread's lock-session-grant releases.
-    static RELEASES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+    static RELEASES;
 }
 
 impl Grant for SessionGrant {

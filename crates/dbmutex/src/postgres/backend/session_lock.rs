@@ -94,9 +94,9 @@ type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 /// answered): it owns the lock until it answers.
 type TryCall = Reused<'static, (SessionLock, Answer)>;
 
-thread_local! {
+crate::core::reuse::shelf! {
     /// The spare allocation of each thread's tries ([`TryCall`]).
-    static TRIES: std::cell::Cell<Option<crate::core::reuse::Spare>> = const { std::cell::Cell::new(None) };
+    static TRIES;
 }
 
 /// A try on its way, carrying its lock: polled in place; dropped once sent
