@@ -36,7 +36,8 @@ mod tests {
         assert!(a > 0);
         std::thread::sleep(std::time::Duration::from_millis(50));
         let b = coarse_ms();
-        // 50 ms later, give or take the coarse clock's tick.
-        assert!((35..=200).contains(&(b - a)), "{a} -> {b}");
+        // 50 ms later, give or take the coarse clock's tick, or much later
+        // on a busy machine; not seconds (0) nor microseconds (~50,000).
+        assert!((35..=5_000).contains(&(b - a)), "{a} -> {b}");
     }
 }
