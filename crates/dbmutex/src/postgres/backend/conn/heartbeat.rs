@@ -67,10 +67,10 @@ impl PgConn {
     ///
     /// Until the process's timer thread runs, a probe's first sleep (no
     /// probe is due before `every`) is on the connection's runtime, and
-    /// only then is the thread started and the probe moved there: the
-    /// thread's start (~100 µs, cold) is never on the path of an
-    /// acquisition, and a `dbmutex run` whose command ends within `every`
-    /// never starts it.
+    /// only then does a task there start the thread (~100 µs, cold, once
+    /// per process) and move the probe to it: not on the path of the
+    /// acquisition that started the probe, and a `dbmutex run` whose
+    /// command ends within `every` never starts it.
     fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         if let Some(clock) = TIMERS.get() {
