@@ -33,12 +33,13 @@ pub(crate) type Releasing = super::reuse::Reused<'static, Result<()>>;
 /// Boxes a grant's release future for [`Grant::release`], on `shelf`: a
 /// grant whose release future differs in size from others' that the same
 /// thread may release in turn (PostgreSQL's lock-session and dedicated
-/// grants) keeps a shelf of its own, else [`RELEASES`].
-pub(crate) fn releasing<F>(shelf: &'static super::reuse::Shelf, fut: F) -> Releasing
+/// grants) keeps a shelf of its own, else [`RELEASES`]. The future is the
+/// one `make` returns, built in place.
+pub(crate) fn releasing<F>(shelf: &'static super::reuse::Shelf, make: impl FnOnce() -> F) -> Releasing
 where
     F: Future<Output = Result<()>> + Send + 'static,
 {
-    super::reuse::Reused::new(shelf, fut)
+    super::reuse::Reused::new(shelf, make)
 }
 
 /// A *grant*: one server lock (or lock file) on one session, as a backend

@@ -31,6 +31,8 @@ super::reuse::shelf! {
     static WAITS;
     /// The spare allocation of each thread's waits after a failed try.
     static WAITS_AFTER_TRY;
+    /// The spare allocation of each thread's acquisitions.
+    static ACQUIRES;
 }
 
 /// A backend behind the core, as the [`Locker`](crate::Locker) sees it.
@@ -40,7 +42,9 @@ pub(crate) trait Engine: Send + Sync {
     /// The id of the locker (shared by its clones).
     fn id(&self) -> u64;
     fn held_count(&self) -> usize;
-    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> BoxFut<'a, Result<Option<LockGuard>>>;
+    /// Boxed on [`ACQUIRES`]' spare allocation (the future is large, and
+    /// every acquisition makes one).
+    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> Reused<'a, Result<Option<LockGuard>>>;
     fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>>;
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
     fn list(&self) -> BoxFut<'_, Result<Vec<ListedLock>>>;
@@ -300,15 +304,17 @@ impl<B: Backend> Pipeline<B> {
         // wait (`core::reuse`: a wait's future is ~4 KB, past malloc's
         // per-thread cache).
         let g = match plan.wait {
-            WaitIn::Server => match Reused::new(&WAITS, self.backend.wait_in_server(tries, &mut at)).await? {
-                Waited::Granted(g) => Some(g),
-                Waited::TimedOut => None,
-                Waited::Poll(_) => {
-                    return Err(Error::Database(
-                        "the server wait asked to poll where the backend cannot".into(),
-                    ))
+            WaitIn::Server => {
+                match Reused::new(&WAITS, || self.backend.wait_in_server(tries, &mut at)).await? {
+                    Waited::Granted(g) => Some(g),
+                    Waited::TimedOut => None,
+                    Waited::Poll(_) => {
+                        return Err(Error::Database(
+                            "the server wait asked to poll where the backend cannot".into(),
+                        ))
+                    }
                 }
-            },
+            }
             WaitIn::Poll { max_backoff } => Box::pin(self.poll(&tries, &mut at, max_backoff)).await?,
             WaitIn::TryThenServer { max_backoff } => {
                 if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
@@ -317,7 +323,10 @@ impl<B: Backend> Pipeline<B> {
                 if opts.is_try_once() || at.deadline.passed() {
                     return Ok(None);
                 }
-                return Reused::new(&WAITS_AFTER_TRY, self.wait_after_try(tries, &mut at, max_backoff)).await;
+                return Reused::new(&WAITS_AFTER_TRY, || {
+                    self.wait_after_try(tries, &mut at, max_backoff)
+                })
+                .await;
             }
         };
         Ok(g.map(|g| Granted::new(g, None)))
@@ -395,8 +404,8 @@ impl<B: Backend> Engine for Pipeline<B> {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> BoxFut<'a, Result<Option<LockGuard>>> {
-        Box::pin(Pipeline::acquire(self, name, opts))
+    fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> Reused<'a, Result<Option<LockGuard>>> {
+        Reused::new(&ACQUIRES, || Pipeline::acquire(self, name, opts))
     }
 
     fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>> {

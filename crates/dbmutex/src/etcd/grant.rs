@@ -90,7 +90,7 @@ impl Grant for EtcdGrant {
         if let Some(h) = held.hold.as_mut() {
             h.releasing();
         }
-        releasing(&RELEASES, async move {
+        releasing(&RELEASES, move || async move {
             // Cancelled midway, the delete goes on in the background.
             let mut again = Undo::with(held, spawn_delete);
             let r = again.peek(|h| (h.client.clone(), h.key.clone())).expect("armed");

@@ -59,7 +59,7 @@ impl FileGrant {
 
 impl Grant for FileGrant {
     fn release(mut self: Box<Self>) -> Releasing {
-        releasing(&RELEASES, std::future::ready(self.unlock()))
+        releasing(&RELEASES, move || std::future::ready(self.unlock()))
     }
 
     fn loss(&self) -> LossToken {

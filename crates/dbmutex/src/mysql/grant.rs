@@ -101,7 +101,7 @@ impl Grant for MyGrant {
             .shared
             .connector
             .kill_on_drop(&release.shared.runtime, release.lc.id);
-        releasing(&RELEASES, async move {
+        releasing(&RELEASES, move || async move {
             let r = release.run().await;
             kill.disarm();
             r

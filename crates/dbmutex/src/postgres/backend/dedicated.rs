@@ -304,7 +304,7 @@ impl Grant for DedicatedGrant {
         // Dropped before its first poll, the future closes the connection
         // (no unlock was sent); from its first poll on, `abandoned` does.
         let mut unsent = Undo::with(d, Dedicated::close);
-        releasing(&RELEASES, async move {
+        releasing(&RELEASES, move || async move {
             let Dedicated {
                 lock,
                 xact,

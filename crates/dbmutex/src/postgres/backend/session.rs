@@ -115,7 +115,7 @@ crate::core::reuse::shelf! {
 
 impl Grant for SessionGrant {
     fn release(mut self: Box<Self>) -> Releasing {
-        releasing(&RELEASES, async move {
+        releasing(&RELEASES, move || async move {
             // Dropped before its first poll, this future drops `self`, whose
             // armed undo unlocks in the background. From here on the future
             // owns the unlock: its first poll sends it (below).

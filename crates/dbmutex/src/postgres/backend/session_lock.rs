@@ -69,7 +69,7 @@ impl SessionLock {
     pub(crate) async fn try_lock(self) -> (SessionLock, Result<bool>) {
         let call = InFlight {
             runtime: self.conn.runtime.clone(),
-            call: Some(Reused::new(&TRIES, async move {
+            call: Some(Reused::new(&TRIES, move || async move {
                 let answer = self
                     .conn
                     .lock_call(Call::Try, self.mode, &self.key, &self.name, self.text)
