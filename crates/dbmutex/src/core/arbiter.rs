@@ -84,10 +84,16 @@ impl<X> Drop for Place<'_, X> {
     }
 }
 
-/// The table of keys in use.
+/// The table of keys in use, and of up to [`KEEP_IDLE`] keys used before.
 pub(crate) struct Arbiter<K, X = ()> {
     slots: Mutex<super::FastMap<K, Arc<Slot<X>>>>,
 }
+
+/// Idle entries the table keeps, at most: a key used again (most are: a
+/// worker's names recur) finds its slot, with no allocation, no insert and
+/// no remove per acquisition. Past this many entries, an entry leaves the
+/// table once idle.
+const KEEP_IDLE: usize = 1024;
 
 impl<K: Hash + Eq + Clone, X: SlotExt> Default for Arbiter<K, X> {
     fn default() -> Self {
@@ -98,24 +104,31 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Default for Arbiter<K, X> {
 }
 
 /// A reference to a key's slot that removes the table entry, when it is the
-/// last user, on drop (also when a waiting future is cancelled).
+/// last user and the table is past [`KEEP_IDLE`] entries, on drop (also
+/// when a waiting future is cancelled).
 pub(crate) struct SlotRef<K: Hash + Eq + Clone, X: SlotExt = ()> {
     arbiter: Arc<Arbiter<K, X>>,
     key: K,
     slot: Arc<Slot<X>>,
 }
 
+/// Whether nobody holds, waits for or upgrades the slot's key in process,
+/// and the backend keeps nothing for it; `users` references to the slot
+/// are the caller's own.
+fn idle<X: SlotExt>(slot: &Arc<Slot<X>>, users: usize) -> bool {
+    if Arc::strong_count(slot) != users {
+        return false;
+    }
+    let st = slot.state.lock().unwrap_or_else(|e| e.into_inner());
+    !st.exclusive && st.shared == 0 && !st.upgrading && st.queue.is_empty() && slot.ext.idle()
+}
+
 impl<K: Hash + Eq + Clone, X: SlotExt> Drop for SlotRef<K, X> {
     fn drop(&mut self) {
         let mut slots = self.arbiter.slots.lock().unwrap_or_else(|e| e.into_inner());
         // Two references: the table's and ours.
-        if Arc::strong_count(&self.slot) == 2 {
-            let st = self.slot.state.lock().unwrap_or_else(|e| e.into_inner());
-            if !st.exclusive && st.shared == 0 && !st.upgrading && st.queue.is_empty() && self.slot.ext.idle()
-            {
-                drop(st);
-                slots.remove(&self.key);
-            }
+        if slots.len() > KEEP_IDLE && idle(&self.slot, 2) {
+            slots.remove(&self.key);
         }
     }
 }
@@ -217,6 +230,17 @@ impl<K: Hash + Eq + Clone, X: SlotExt> Arbiter<K, X> {
     pub(crate) fn len(&self) -> usize {
         self.slots.lock().unwrap().len()
     }
+
+    /// Number of keys in the table that are not idle (for tests).
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> usize {
+        self.slots
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| !idle(s, 1))
+            .count()
+    }
 }
 
 impl<K: Hash + Eq + Clone, X: SlotExt> Hold<K, X> {
@@ -312,7 +336,31 @@ mod tests {
         assert!(a.hold(&1, Mode::Exclusive, now()).await.is_none());
         drop(s1);
         drop(s2);
-        assert_eq!(a.len(), 0, "unused entries are removed");
+        assert_eq!(a.busy(), 0);
+        assert_eq!(a.len(), 2, "idle entries are kept for the next use");
+    }
+
+    /// Idle entries are kept up to `KEEP_IDLE`; past that, an entry leaves
+    /// once idle, so the table stays bounded however many keys pass.
+    #[tokio::test]
+    async fn the_table_keeps_a_bounded_number_of_idle_entries() {
+        let a: Arc<Arbiter<u32>> = Arc::default();
+        for k in 0..(KEEP_IDLE as u32 + 100) {
+            let h = a.hold(&k, Mode::Exclusive, None).await.unwrap();
+            drop(h);
+        }
+        assert_eq!(
+            a.len(),
+            KEEP_IDLE,
+            "kept up to KEEP_IDLE; past it, each left once idle"
+        );
+        assert_eq!(a.busy(), 0);
+        // A kept key's slot serves again, as exclusive as a new one.
+        let x = a.hold(&7, Mode::Exclusive, None).await.unwrap();
+        assert!(a.hold(&7, Mode::Shared, Some(Instant::now())).await.is_none());
+        assert_eq!(a.busy(), 1);
+        drop(x);
+        assert_eq!(a.busy(), 0);
     }
 
     #[tokio::test]
@@ -369,7 +417,7 @@ mod tests {
             "{order:?}"
         );
         assert_eq!(&order[3..], &[3, 4], "{order:?}");
-        assert_eq!(a.len(), 0);
+        assert_eq!(a.busy(), 0);
     }
 
     #[tokio::test]
@@ -384,7 +432,7 @@ mod tests {
         assert!(!first.await.unwrap(), "timed out in the queue");
         drop(x);
         assert!(second.await.unwrap(), "the next in line got it");
-        assert_eq!(a.len(), 0);
+        assert_eq!(a.busy(), 0);
     }
 
     #[tokio::test]
@@ -396,6 +444,6 @@ mod tests {
             .await
             .is_err());
         drop(x);
-        assert_eq!(a.len(), 0);
+        assert_eq!(a.busy(), 0);
     }
 }
