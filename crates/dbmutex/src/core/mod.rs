@@ -14,9 +14,6 @@
 /// a tenth of SipHash's cost for these small keys.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The set of [`FastMap`].
-pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
-
 pub(crate) mod arbiter;
 pub(crate) mod backend;
 #[allow(unsafe_code)]

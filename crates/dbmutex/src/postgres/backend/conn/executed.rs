@@ -21,6 +21,13 @@ use crate::postgres::sql::{self, Call};
 use crate::Mode;
 
 impl PgConn {
+    /// Whether this connection has `PREPARE`d the statement of `call`, `mode`
+    /// and `key`'s form (see [`executed_call`](Self::executed_call)).
+    pub(super) fn has_executed(&self, call: Call, mode: Mode, key: &PgKey) -> bool {
+        let bit = 1 << super::prepared::slot(call, mode, key);
+        self.executed.load(std::sync::atomic::Ordering::Relaxed) & bit != 0
+    }
+
     /// One lock call as `EXECUTE`, preparing it first (in the same round
     /// trip) on this connection's first use of it. The answer as
     /// [`PgConn::lock_call`] gives it: `None` when we were moved.
@@ -31,7 +38,7 @@ impl PgConn {
         key: &PgKey,
         owner: &str,
     ) -> Result<Option<bool>, tokio_postgres::Error> {
-        let kind = (call, mode, matches!(key, PgKey::Big(_)));
+        let big = matches!(key, PgKey::Big(_));
         let name = format!(
             "dbmutex_{}_{}{}{}",
             &owner[..owner.len().min(12)],
@@ -41,18 +48,14 @@ impl PgConn {
                 Call::Unlock => "u",
             },
             if mode == Mode::Shared { "s" } else { "x" },
-            if kind.2 { "b" } else { "p" }
+            if big { "b" } else { "p" }
         );
         let exec = format!("EXECUTE {name}({})", key.sql_args());
-        let prepared = self
-            .executed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&kind);
+        let prepared = self.has_executed(call, mode, key);
         // First use: the PREPARE goes in the same round trip as the EXECUTE.
         let prepare = (!prepared).then(|| {
             let body = sql::prepared_body(call, mode, key, owner);
-            let types = if kind.2 { "int8" } else { "int4, int4" };
+            let types = if big { "int8" } else { "int4, int4" };
             format!("PREPARE {name} ({types}) AS {body}; {exec}")
         });
         let msgs = match self
@@ -73,10 +76,8 @@ impl PgConn {
             Err(e) => return Err(e),
         };
         if !prepared {
-            self.executed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(kind);
+            let bit = 1 << super::prepared::slot(call, mode, key);
+            self.executed.fetch_or(bit, std::sync::atomic::Ordering::Relaxed);
         }
         self.heard_from_server();
         let first = msgs.iter().find_map(|m| match m {

@@ -11,8 +11,8 @@ use crate::Mode;
 
 /// The slot of `call`, `mode` and `key`'s form in `PgConn::statements`
 /// (12 of them: try, wait and unlock; exclusive and shared; a pair of
-/// `int4` or one `bigint`).
-fn slot(call: Call, mode: Mode, key: &PgKey) -> usize {
+/// `int4` or one `bigint`); also the bit of the same in `PgConn::executed`.
+pub(super) fn slot(call: Call, mode: Mode, key: &PgKey) -> usize {
     let call = match call {
         Call::Try => 0,
         Call::Wait => 1,

@@ -91,8 +91,10 @@ pub(crate) struct PgConn {
     /// slot per call, mode and key form (see `prepared.rs`): the hot path
     /// finds one with no SQL text, no hash and no lock, and borrows it.
     pub(super) statements: [std::sync::OnceLock<tokio_postgres::Statement>; 12],
-    /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]).
-    pub(super) executed: std::sync::Mutex<crate::core::FastSet<(Call, Mode, bool)>>,
+    /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]):
+    /// bit `prepared::slot(call, mode, key)` each (read on every try: no
+    /// lock, no hash).
+    pub(super) executed: std::sync::atomic::AtomicU32,
     /// The server session this connection claimed when it connected; unset
     /// when that session was already claimed by another client.
     pub(super) claim: std::sync::OnceLock<Claim>,
@@ -201,13 +203,7 @@ impl PgConn {
         }
         let direct = self.direct.load(std::sync::atomic::Ordering::Relaxed)
             && !self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed);
-        let seen = || {
-            self.executed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&(Call::Try, mode, matches!(key, PgKey::Big(_))))
-        };
-        if direct && seen() {
+        if direct && self.has_executed(Call::Try, mode, key) {
             Text::Prepared
         } else {
             Text::Executed
