@@ -65,12 +65,13 @@ impl PgConn {
     /// as before: a runtime too blocked to read the answer is not taken for
     /// a dead server, since it cannot send the probe either.
     ///
-    /// Until the process's timer thread runs, a probe's first sleep (no
-    /// probe is due before `every`) is on the connection's runtime, and
-    /// only then does a task there start the thread (~100 µs, cold, once
-    /// per process) and move the probe to it: not on the path of the
-    /// acquisition that started the probe, and a `dbmutex run` whose
-    /// command ends within `every` never starts it.
+    /// The thread is started while a lock session connects (see
+    /// `Connector::connect`: the server is starting its backend then). On
+    /// a connection made otherwise (the caller's own) before it runs, a
+    /// probe's first sleep (no probe is due before `every`) is on the
+    /// connection's runtime, and only then does a task there start the
+    /// thread (~100 µs, cold, once per process) and move the probe to it:
+    /// not on the path of the acquisition that started the probe.
     fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
         if let Some(clock) = TIMERS.get() {
@@ -227,6 +228,12 @@ async fn probe_loop(weak: std::sync::Weak<PgConn>, every: Duration, first: Durat
             Ok(false) | Err(_) => return,
         }
     }
+}
+
+/// Starts the process's timer thread if it is not running (see
+/// [`timers`]); done while a lock session connects.
+pub(crate) fn start_timers() {
+    let _ = timers();
 }
 
 /// [`timers`], once started.
