@@ -33,6 +33,9 @@ pub(crate) struct PgSlot {
     /// Since when (ms on the process clock, 0: not) in-process hand-offs
     /// have kept the server lock on the session without a break.
     pub(crate) parked_since_ms: AtomicU64,
+    /// When (ms on the process clock, 0: not) this locker last got the key
+    /// only by waiting (see [`contended_lately`]).
+    contended_ms: AtomicU64,
 }
 
 impl SlotExt for PgSlot {
@@ -55,53 +58,27 @@ pub(crate) const PARK_BUDGET: Duration = Duration::from_millis(20);
 /// How long a key that was last got by waiting counts as contended.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
-/// The keys this locker lately got only by waiting. A small table of its
-/// own, not the key's in-process slot: that goes as soon as nobody holds
-/// or waits, which in a process taking one lock at a time is after every
-/// release, so the hint would never be there when it counts. Direct-mapped
-/// by key: a key that collides replaces the older one (which then takes
-/// one try before its next wait: the cost of forgetting).
-pub(crate) struct Contended(Mutex<[(Option<PgKey>, u64); CONTENDED_KEYS]>);
-
-/// Entries of [`Contended`].
-const CONTENDED_KEYS: usize = 64;
-
-impl Default for Contended {
-    fn default() -> Self {
-        Contended(Mutex::new([(None, 0); CONTENDED_KEYS]))
+/// Marks whether the key of `slot` was just got by waiting (`true`) or by
+/// a try. The mark lives in the key's in-process slot, which stays in the
+/// arbiter's table while idle (up to its `KEEP_IDLE` entries): a process
+/// taking one lock at a time still finds it at its next acquisition. No
+/// lock and no clock read for an uncontended try.
+pub(crate) fn note_contended(slot: &Slot<PgSlot>, waited: bool) {
+    let at = &slot.ext.contended_ms;
+    if waited {
+        at.store(clock_ms(), Ordering::Relaxed);
+    } else if at.load(Ordering::Relaxed) != 0 {
+        at.store(0, Ordering::Relaxed);
     }
 }
 
-impl Contended {
-    fn entry(key: &PgKey) -> usize {
-        let bits = match *key {
-            PgKey::Pair(a, b) => (u64::from(a as u32) << 32) | u64::from(b as u32),
-            PgKey::Big(k) => k as u64,
-        };
-        // Fibonacci hashing: the top bits of a multiply spread any key.
-        (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CONTENDED_KEYS.trailing_zeros())) as usize
-    }
-
-    /// Marks whether `key` was just got by waiting (`true`) or by a try.
-    pub(crate) fn note(&self, key: PgKey, waited: bool) {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let e = &mut t[Self::entry(&key)];
-        if waited {
-            *e = (Some(key), clock_ms());
-        } else if e.0 == Some(key) {
-            *e = (None, 0);
-        }
-    }
-
-    /// Whether this locker last got `key` by waiting, within
-    /// [`CONTENDED_FOR`]: then a try would most likely fail, and a waiter
-    /// that can wait in the server on its own session goes there at once
-    /// (the raw floor's one `pg_advisory_lock`, not a try and then a wait).
-    pub(crate) fn lately(&self, key: &PgKey) -> bool {
-        let t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (k, at) = t[Self::entry(key)];
-        k == Some(*key) && clock_ms().saturating_sub(at) < CONTENDED_FOR.as_millis() as u64
-    }
+/// Whether this locker last got the key of `slot` by waiting, within
+/// [`CONTENDED_FOR`]: then a try would most likely fail, and a waiter that
+/// can wait in the server on its own session goes there at once (the raw
+/// floor's one `pg_advisory_lock`, not a try and then a wait).
+pub(crate) fn contended_lately(slot: &Slot<PgSlot>) -> bool {
+    let at = slot.ext.contended_ms.load(Ordering::Relaxed);
+    at != 0 && clock_ms().saturating_sub(at) < CONTENDED_FOR.as_millis() as u64
 }
 
 use crate::core::clock::coarse_ms as clock_ms;

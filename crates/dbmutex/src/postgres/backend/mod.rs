@@ -57,8 +57,6 @@ pub(crate) struct PgBackend {
     budget: Arc<budget::Budget>,
     /// The names of the locks held on the lock session, for `list`.
     names: Arc<names::OwnNames>,
-    /// Keys lately got only by waiting: waited for at once next time.
-    contended: handoff::Contended,
 }
 
 impl PgBackend {
@@ -81,7 +79,6 @@ impl PgBackend {
             spares: Spares::new(settings.idle_limit()),
             // Until the first connection reads the server's settings.
             names: Arc::default(),
-            contended: handoff::Contended::default(),
             budget: budget::Budget::new(conn::LockTable {
                 per_transaction: 64,
                 slots: 100,
@@ -154,8 +151,7 @@ impl PgBackend {
             .get(&self.connector, at.settings, &self.spares)
             .await?;
         let skip = !at.opts.is_try_once()
-            && at.hold.is_some()
-            && self.contended.lately(at.key)
+            && at.hold.as_ref().is_some_and(|h| handoff::contended_lately(h.slot()))
             // Before the tries take their reference: only `conn` here
             // holds it besides the lock session's own slot.
             && Arc::strong_count(&conn) == 2;
@@ -301,7 +297,9 @@ impl Backend for PgBackend {
                     (_, Err(e)) => return Err(e),
                 },
             };
-            self.contended.note(*at.key, false);
+            if let Some(h) = &at.hold {
+                handoff::note_contended(h.slot(), false);
+            }
             if at.settings.name_comments {
                 lock.conn.remember_name(at.name);
             }
@@ -335,11 +333,13 @@ impl Backend for PgBackend {
             if after_try && !self.ready_to_wait(at).await? {
                 return Ok(Waited::Poll(self.tries(at, ticket).await?));
             }
+            // The key is contended whether the wait gets it or times out:
+            // the next acquisition skips its try.
+            if let Some(h) = &at.hold {
+                handoff::note_contended(h.slot(), true);
+            }
             let hold = at.hold.take();
             let got = self.spares.acquire(&self.connector, at, ticket, hold).await?;
-            if got.is_some() {
-                self.contended.note(*at.key, true);
-            }
             Ok(got.map_or(Waited::TimedOut, Waited::Granted))
         }
     }
