@@ -140,7 +140,8 @@ impl<C: Reusable> Idle<C> {
     }
 
     /// Starts the task that closes connections past the idle limit, on the
-    /// current runtime; with none, they are closed when next met instead.
+    /// current runtime (its sleeps on the timer thread, when that runs);
+    /// with none, they are closed when next met instead.
     fn reap(self: &Arc<Self>) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             self.reaping.store(false, Ordering::Release);
@@ -167,19 +168,39 @@ impl<C: Reusable> Idle<C> {
         // when a connection is put back and taken again on every lock, and
         // stop, to be spawned again on the next put).
         let first = self.ttl.map(|ttl| Instant::now() + ttl.max(MIN_REAP));
-        rt.spawn(async move {
+        // The sleeps on the process's timer thread when it runs (see
+        // `core/timers.rs`: a timer in the pool's runtime taxes its every
+        // park), each look on the pool's runtime (closing a connection may
+        // need it).
+        // (Not in this module's unit tests: they pause their runtime's
+        // clock, which the timer thread's does not follow.)
+        let clock = super::timers::started().flatten().filter(|_| !cfg!(test));
+        let pool_rt = rt.clone();
+        let reaper = async move {
             if let Some(first) = first {
                 tokio::time::sleep_until(first).await;
             }
             loop {
-                let Some(next) = running.0.upgrade().and_then(|pool| pool.close_stale()) else {
+                let pool = running.0.clone();
+                let look = move || pool.upgrade().and_then(|pool| pool.close_stale());
+                let next = match clock {
+                    None => look(),
+                    Some(_) => match pool_rt.spawn(async move { look() }).await {
+                        Ok(next) => next,
+                        // The pool's runtime shut down: the next put starts
+                        // a reaper (`running` tells it on drop).
+                        Err(_) => return,
+                    },
+                };
+                let Some(next) = next else {
                     // Stopped under the list's lock (or the pool is gone).
                     running.stopped();
                     return;
                 };
                 tokio::time::sleep_until(next).await;
             }
-        });
+        };
+        clock.unwrap_or(&rt).spawn(reaper);
     }
 }
 

@@ -31,6 +31,7 @@ pub(crate) mod reuse;
 pub(crate) mod scope;
 pub(crate) mod scoped;
 pub(crate) mod settle;
+pub(crate) mod timers;
 pub(crate) mod upgradable;
 pub(crate) mod upgrade;
 pub(crate) mod wait;

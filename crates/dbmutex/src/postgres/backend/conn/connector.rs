@@ -139,7 +139,8 @@ impl Connector {
         };
         let connect_and_claim = async {
             // A lock session's keepalive probe keeps its clock on the
-            // process's timer thread (`heartbeat.rs`): started, once per
+            // process's timer thread (`core/timers.rs`), as do the idle
+            // pools' reapers: started, once per
             // process, right after the connect is on its way, while the
             // server starts its backend (milliseconds: the thread's start
             // costs the caller nothing then, and no probe ever sleeps in
@@ -147,7 +148,7 @@ impl Connector {
             let mut fut = std::pin::pin!(fut);
             let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
             if claim {
-                super::heartbeat::start_timers();
+                let _ = crate::core::timers::handle();
             }
             let conn = match first {
                 Poll::Ready(r) => r,

@@ -55,7 +55,7 @@ impl PgConn {
         self.beat_mode.store((now << 2) | mode, Ordering::SeqCst);
     }
 
-    /// The probe's clock runs on the process's timer thread ([`timers`]),
+    /// The probe's clock runs on the process's timer thread ([`crate::core::timers`]),
     /// not on the connection's runtime: a sleeping timer in a runtime makes
     /// every park of that runtime read the clock and search the timer wheel,
     /// which cost the caller's runtime ~700 instructions per lock cycle
@@ -74,14 +74,14 @@ impl PgConn {
     /// not on the path of the acquisition that started the probe.
     fn probe(self: &Arc<Self>, every: Duration) -> tokio::task::AbortHandle {
         let weak = Arc::downgrade(self);
-        if let Some(clock) = TIMERS.get() {
-            let on = clock.as_ref().unwrap_or(&self.runtime);
+        if let Some(clock) = crate::core::timers::started() {
+            let on = clock.unwrap_or(&self.runtime);
             return on.spawn(probe_loop(weak, every, every)).abort_handle();
         }
         self.runtime
             .spawn(async move {
                 tokio::time::sleep(every).await;
-                let clock = timers();
+                let clock = crate::core::timers::handle();
                 let Some(conn) = weak.upgrade() else { return };
                 let on = clock.unwrap_or(&conn.runtime);
                 let probing = on
@@ -228,33 +228,4 @@ async fn probe_loop(weak: std::sync::Weak<PgConn>, every: Duration, first: Durat
             Ok(false) | Err(_) => return,
         }
     }
-}
-
-/// Starts the process's timer thread if it is not running (see
-/// [`timers`]); done while a lock session connects.
-pub(crate) fn start_timers() {
-    let _ = timers();
-}
-
-/// [`timers`], once started.
-static TIMERS: std::sync::OnceLock<Option<tokio::runtime::Handle>> = std::sync::OnceLock::new();
-
-/// The runtime of the process's timer thread, started on first use, where
-/// keepalive probes keep their clocks; `None` if the thread could not be
-/// started (the probes then keep them on their connections' runtimes).
-fn timers() -> Option<&'static tokio::runtime::Handle> {
-    TIMERS
-        .get_or_init(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .ok()?;
-            let handle = rt.handle().clone();
-            std::thread::Builder::new()
-                .name("dbmutex-timers".into())
-                .spawn(move || rt.block_on(std::future::pending::<()>()))
-                .ok()?;
-            Some(handle)
-        })
-        .as_ref()
 }
