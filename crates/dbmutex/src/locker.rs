@@ -91,8 +91,15 @@ impl Locker {
     /// # Cancel safety
     ///
     /// As [`Locker::lock`].
-    pub async fn acquire(&self, name: impl Into<LockName>, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.engine.acquire(name.into(), opts).await
+    // Not an `async fn`: the engine's future is returned as it is, with
+    // no state machine of its own around it (one layer fewer to poll and
+    // move per acquisition).
+    pub fn acquire<'a>(
+        &'a self,
+        name: impl Into<LockName>,
+        opts: &'a LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'a {
+        self.engine.acquire(name.into(), opts)
     }
 
     /// Runs `f` under the lock and returns its value, or

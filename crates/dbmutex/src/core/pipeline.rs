@@ -27,11 +27,11 @@ use crate::types::{BackendKind, Capabilities, Holder, ListedLock};
 use crate::{Error, LockName, LockOptions, Mode, Result};
 
 super::reuse::shelf! {
-    /// The spare allocation of each thread's server waits.
+    /// Each thread's spare allocation for server waits.
     static WAITS;
-    /// The spare allocation of each thread's waits after a failed try.
+    /// ... for waits after a failed try.
     static WAITS_AFTER_TRY;
-    /// The spare allocation of each thread's acquisitions.
+    /// ... for acquisitions.
     static ACQUIRES;
 }
 
@@ -42,8 +42,7 @@ pub(crate) trait Engine: Send + Sync {
     /// The id of the locker (shared by its clones).
     fn id(&self) -> u64;
     fn held_count(&self) -> usize;
-    /// Boxed on [`ACQUIRES`]' spare allocation (the future is large, and
-    /// every acquisition makes one).
+    /// Boxed on [`ACQUIRES`]' spare allocation (large, made on every lock).
     fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> Reused<'a, Result<Option<LockGuard>>>;
     fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>>;
     fn is_locked(&self, name: LockName) -> BoxFut<'_, Result<bool>>;
@@ -196,6 +195,16 @@ impl<B: Backend> Pipeline<B> {
         }
     }
 
+    /// The backend's records, or why there are none.
+    fn records(&self) -> Result<&dyn super::backend::Records> {
+        self.backend.records().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "the {} backend keeps no records (fencing tokens, runs)",
+                self.kind.as_str()
+            ))
+        })
+    }
+
     /// An option the backend cannot honour, refused in its own words.
     fn refuse(&self, opts: &LockOptions) -> Result<()> {
         if (opts.fenced || opts.lock_delay.is_some()) && (opts.mode == Mode::Shared || opts.transaction) {
@@ -239,9 +248,8 @@ impl<B: Backend> Pipeline<B> {
         let mut backoff = Backoff::new(deadline, RECONNECT_BACKOFF);
         let mut told = false;
         loop {
-            // Retries are rare: boxed, so the first attempt's future is the
-            // only one inline (a future this size is moved on every
-            // acquisition).
+            // Retries are rare: boxed, so the first attempt's future is
+            // the only one inline (this size is moved on every lock).
             let r = match (told, deadline.at()) {
                 // A retry's connect must not outlast the caller's bound.
                 (true, Some(d)) => {
@@ -405,7 +413,12 @@ impl<B: Backend> Engine for Pipeline<B> {
     }
 
     fn acquire<'a>(&'a self, name: LockName, opts: &'a LockOptions) -> Reused<'a, Result<Option<LockGuard>>> {
-        Reused::new(&ACQUIRES, || Pipeline::acquire(self, name, opts))
+        if cfg!(feature = "metrics") {
+            return Reused::new(&ACQUIRES, || Pipeline::acquire(self, name, opts));
+        }
+        // Nothing to measure: no wrapper (a state machine fewer per lock).
+        let labels = Labels::new(self.kind, opts.mode, &name, self.settings.metrics_name_label);
+        Reused::new(&ACQUIRES, || self.acquire_inner(name, opts, labels))
     }
 
     fn holders(&self, name: LockName) -> BoxFut<'_, Result<Vec<Holder>>> {
@@ -461,18 +474,6 @@ impl<B: Backend> Engine for Pipeline<B> {
             };
             measured.end(Outcome::of(r.as_ref().map(Option::is_some), opts.is_try_once()));
             r
-        })
-    }
-}
-
-impl<B: Backend> Pipeline<B> {
-    /// The backend's records, or why there are none.
-    fn records(&self) -> Result<&dyn super::backend::Records> {
-        self.backend.records().ok_or_else(|| {
-            Error::Unsupported(format!(
-                "the {} backend keeps no records (fencing tokens, runs)",
-                self.kind.as_str()
-            ))
         })
     }
 }
