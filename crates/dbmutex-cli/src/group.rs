@@ -94,14 +94,24 @@ impl Guardian {
         self.pipe.as_raw_fd()
     }
 
-    /// Tells the guardian that the group is gone (or was never started),
-    /// and reaps it. Dropping a guardian without this arms it: once dbmutex
-    /// exits, the guardian stops whatever is left of the group.
-    pub fn disarm(self) {
+    /// Tells the guardian that the group is gone (or was never started):
+    /// it exits at once, touching nothing. Dropping a guardian without this
+    /// arms it: once dbmutex exits, the guardian stops whatever is left of
+    /// the group.
+    ///
+    /// Returns the exiting guardian, reaped when that is dropped: `run`
+    /// keeps it over the unlock's round trip, while which the guardian
+    /// exits, instead of waiting for that exit before sending the unlock.
+    pub fn disarm(self) -> Exiting {
+        let Guardian { pipe, pid } = self;
         let byte = [b'x'];
         // SAFETY: writes one byte from our buffer to our descriptor.
-        unsafe { libc::write(self.pipe.as_raw_fd(), byte.as_ptr().cast(), 1) };
-        reap(self.pid);
+        unsafe { libc::write(pipe.as_raw_fd(), byte.as_ptr().cast(), 1) };
+        // Closed now: the byte comes first, and a guardian still waiting for
+        // the pid (the command failed before writing it) sees end-of-file
+        // at once instead of waiting for the rest of a pid.
+        drop(pipe);
+        Exiting { pid }
     }
 
     /// Ends a guardian whose command was never spawned (the lock was not
@@ -111,6 +121,18 @@ impl Guardian {
         let Guardian { pipe, pid } = self;
         drop(pipe);
         reap(pid);
+    }
+}
+
+/// A guardian told to exit ([`Guardian::disarm`]), reaped when dropped.
+#[must_use = "dropping it reaps the guardian at once"]
+pub struct Exiting {
+    pid: libc::pid_t,
+}
+
+impl Drop for Exiting {
+    fn drop(&mut self) {
+        reap(self.pid);
     }
 }
 

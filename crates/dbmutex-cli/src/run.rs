@@ -13,7 +13,7 @@ use dbmutex::LockName;
 use crate::acquire::{self, Held, Taken};
 use crate::cli::{Global, RunArgs};
 use crate::exit::{self, Failure};
-use crate::group::Guardian;
+use crate::group::{Exiting, Guardian};
 use crate::once;
 use crate::plan::Plan;
 use crate::say::secs;
@@ -43,7 +43,11 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         }
     };
     let ended = under_lock(&plan, &held, guardian, &mut signals).await;
-    finish(&plan, ended, held).await
+    let (outcome, guardian) = match ended {
+        Ok((outcome, guardian)) => (Ok(outcome), guardian),
+        Err(f) => (Err(f), None),
+    };
+    finish(&plan, outcome, held, guardian).await
 }
 
 /// Awaits `fut`, running `side` right after `fut`'s first poll (once it
@@ -79,13 +83,15 @@ enum Outcome {
 }
 
 /// Everything done while the lock is held, up to the command's end; the
-/// lock is released by the caller, whatever this returns.
+/// lock is released by the caller, whatever this returns. With the
+/// outcome, the guardian of a command that ran, disarmed and exiting (the
+/// caller reaps it once the unlock is on its way).
 async fn under_lock(
     plan: &Plan,
     held: &Held,
     guardian: std::io::Result<Guardian>,
     signals: &mut Signals,
-) -> Result<Outcome, Failure> {
+) -> Result<(Outcome, Option<Exiting>), Failure> {
     let guard = held.guard();
     if !guard.is_held() {
         dismiss(guardian);
@@ -103,7 +109,7 @@ async fn under_lock(
             Ok(Some(run)) => Some(run),
             Ok(None) => {
                 dismiss(guardian);
-                return Ok(Outcome::NotDue);
+                return Ok((Outcome::NotDue, None));
             }
             Err(f) => {
                 dismiss(guardian);
@@ -143,11 +149,11 @@ async fn under_lock(
     // A once-per-window run's end, recorded while the lock is still held
     // (a lost lock keeps the start only).
     match &ended {
-        Ok(Ended::Exited(code)) => record_end(plan, held, run.as_ref(), *code).await,
-        Ok(Ended::MaxHold) => record_end(plan, held, run.as_ref(), exit::MAX_HOLD).await,
+        Ok((Ended::Exited(code), _)) => record_end(plan, held, run.as_ref(), *code).await,
+        Ok((Ended::MaxHold, _)) => record_end(plan, held, run.as_ref(), exit::MAX_HOLD).await,
         _ => {}
     }
-    ended.map(Outcome::Ran)
+    ended.map(|(ended, guardian)| (Outcome::Ran(ended), Some(guardian)))
 }
 
 async fn record_end(plan: &Plan, held: &Held, run: Option<&Run>, code: u8) {
@@ -158,12 +164,19 @@ async fn record_end(plan: &Plan, held: &Held, run: Option<&Run>, code: u8) {
 
 /// Releases the lock and picks the exit status: the command's, the
 /// conflict status when a once-per run was not due, or 70 when the lock
-/// did not last the whole run.
-async fn finish(plan: &Plan, outcome: Result<Outcome, Failure>, held: Held) -> Result<u8, Failure> {
+/// did not last the whole run. The disarmed `guardian` is reaped once the
+/// unlock has been answered: it exits while the server works.
+async fn finish(
+    plan: &Plan,
+    outcome: Result<Outcome, Failure>,
+    held: Held,
+    guardian: Option<Exiting>,
+) -> Result<u8, Failure> {
     let name = &plan.name;
     let held_for = held.guard().held_for();
     let held_throughout = held.guard().is_held();
     let released = held.release().await;
+    drop(guardian);
     let code = match outcome? {
         Outcome::NotDue => return Ok(plan.conflict_exit_code),
         Outcome::Ran(Ended::Lost) => return Ok(exit::LOCK_LOST),

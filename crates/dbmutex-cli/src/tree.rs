@@ -13,7 +13,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::child::{self, Program};
 use crate::exit::{self, Failure};
-use crate::group::{self, Guardian, Terminal};
+use crate::group::{self, Exiting, Guardian, Terminal};
 use crate::say::{secs, Say};
 use crate::signals::Signals;
 
@@ -90,7 +90,7 @@ impl Tree {
         let child = match program.spawn(guardian.report_fd(), give, env) {
             Ok(c) => c,
             Err(f) => {
-                guardian.disarm();
+                drop(guardian.disarm());
                 return Err(f);
             }
         };
@@ -111,19 +111,22 @@ impl Tree {
 
     /// Supervises the command to its end (see [`Tree::supervise`]), then
     /// takes the terminal back; the guardian is disarmed once the group is
-    /// gone (on an error it is dropped armed: its pipe closes as at
-    /// dbmutex's death, and it stops the group).
-    pub async fn run(mut self, guard: &LockGuard, signals: &mut Signals) -> Result<Ended, Failure> {
+    /// gone, and returned to be reaped later (see [`Guardian::disarm`]).
+    /// On an error it is dropped armed: its pipe closes as at dbmutex's
+    /// death, and it stops the group.
+    pub async fn run(
+        mut self,
+        guard: &LockGuard,
+        signals: &mut Signals,
+    ) -> Result<(Ended, Exiting), Failure> {
         let ended = self.supervise(guard, signals).await;
         if let Some(t) = &self.terminal {
             if t.is_owned_by(self.pgid) {
                 t.take_back();
             }
         }
-        if ended.is_ok() {
-            self.guardian.disarm();
-        }
-        ended
+        let ended = ended?;
+        Ok((ended, self.guardian.disarm()))
     }
 
     /// Waits for the command, forwarding signals to its group; stops the
