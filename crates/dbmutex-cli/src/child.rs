@@ -1,15 +1,14 @@
 //! The command dbmutex runs: starting it, signalling it, reading its status.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use tokio::process::{Child, Command};
-
 use crate::exit::{self, Failure};
+use crate::spawn::{Child, Spawn};
 
 /// What to run: an argv, or a shell command line.
 pub enum Program {
@@ -18,21 +17,6 @@ pub enum Program {
 }
 
 impl Program {
-    fn command(&self) -> Command {
-        match self {
-            Program::Argv(argv) => {
-                let mut c = Command::new(&argv[0]);
-                c.args(&argv[1..]);
-                c
-            }
-            Program::Shell(line) => {
-                let mut c = Command::new(shell());
-                c.arg("-c").arg(line);
-                c
-            }
-        }
-    }
-
     /// The program's name, for messages.
     pub fn display(&self) -> String {
         match self {
@@ -80,14 +64,15 @@ impl Program {
     }
 
     /// Starts the program with our stdin, stdout and stderr, as the leader
-    /// of a process group of its own (see [`crate::group`]). Before its exec
-    /// the child writes its pid to `report_fd` (the guardian's pipe), takes
-    /// `terminal` (when dbmutex had it) and, on Linux, asks for SIGTERM if
-    /// dbmutex dies.
+    /// of a process group of its own (see [`crate::group`]), without a copy
+    /// of dbmutex's memory (see [`crate::spawn`]). Before its exec the child
+    /// writes its pid to `report_fd` (the guardian's pipe), takes
+    /// `terminal` (when dbmutex had it) and asks for SIGTERM if dbmutex
+    /// dies.
     ///
     /// Must be called on the thread that lives as long as dbmutex (the
     /// runtime is current-thread): the parent-death signal fires when the
-    /// *thread* that forked exits.
+    /// *thread* that started the child exits.
     ///
     /// `env` is set in the program's environment (`DBMUTEX_*`); a `None`
     /// value is removed from it.
@@ -100,55 +85,29 @@ impl Program {
         terminal: Option<RawFd>,
         env: &[(&str, Option<String>)],
     ) -> Result<Child, Failure> {
-        let mut cmd = self.command();
-        for (k, v) in env {
-            match v {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
-            };
-        }
-        in_own_group(&mut cmd, report_fd, terminal);
-        die_with_parent(&mut cmd);
-        cmd.spawn().map_err(|e| {
+        let shell_line;
+        let (file, args): (&OsStr, Vec<&OsStr>) = match self {
+            Program::Argv(argv) => (&argv[0], argv[1..].iter().map(OsString::as_os_str).collect()),
+            Program::Shell(line) => {
+                shell_line = shell();
+                (&shell_line, vec![OsStr::new("-c"), line.as_os_str()])
+            }
+        };
+        let cannot = |e: io::Error| {
             let code = if e.kind() == io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
                 exit::CANNOT_EXECUTE
             };
             Failure::new(code, format!("cannot run {}: {e}", self.display()))
-        })
-    }
-}
-
-/// Whether this process may execute `path` (access(2), as exec checks).
-fn executable(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: access(2) reads a NUL-terminated path, which `c` is.
-    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
-}
-
-/// Makes the child the leader of a new process group, tells the guardian
-/// (through `report_fd`) which group that is, and hands it the terminal.
-fn in_own_group(cmd: &mut Command, report_fd: RawFd, terminal: Option<RawFd>) {
-    // SAFETY: the closure runs in the forked child before exec and makes only
-    // async-signal-safe calls (setpgid, getpid, write, tcsetpgrp, sigprocmask);
-    // errors are built from a raw errno without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let me = libc::getpid().to_ne_bytes();
-            if libc::write(report_fd, me.as_ptr().cast(), me.len()) != me.len() as isize {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some(tty) = terminal {
-                crate::group::give_terminal(tty, libc::getpid());
-            }
-            Ok(())
-        });
+        };
+        let spawn = Spawn::new(file, &args, env, report_fd, terminal).ok_or_else(|| {
+            cannot(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nul byte found in provided data",
+            ))
+        })?;
+        spawn.start().map_err(cannot)
     }
 }
 
@@ -159,30 +118,14 @@ fn shell() -> OsString {
         .unwrap_or_else(|| "/bin/sh".into())
 }
 
-/// Asks the kernel to send the child SIGTERM when dbmutex dies (Linux), and
-/// makes the child give up before exec if dbmutex already died after the fork.
-#[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe calls are allowed: prctl and getppid are, and the
-    // error is built from a raw errno without allocating.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // Dead before the prctl took effect: we have been reparented.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
+/// Whether this process may execute `path` (access(2), as exec checks).
+fn executable(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path, which `c` is.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
 }
-
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_cmd: &mut Command) {}
 
 /// Our exit status for the child's: its exit code, or 128+N for signal N.
 pub fn exit_code(status: ExitStatus) -> u8 {

@@ -13,7 +13,7 @@
 //! the lock at once. So before the command starts, dbmutex forks a
 //! *guardian*: a tiny process in a session of its own (no terminal signals,
 //! no job-control group shared with dbmutex) that holds the read end of a
-//! pipe whose only writer is dbmutex. The command (between its fork and its
+//! pipe whose only writer is dbmutex. The command (between its clone and its
 //! exec) writes its process id into that pipe, so the guardian knows the
 //! group before anything in it runs. When dbmutex is done with the group it
 //! writes one byte ("disarm") and the guardian exits. If dbmutex dies first,
@@ -497,7 +497,7 @@ impl Terminal {
 
 /// `tcsetpgrp` from a process that may be in a background group: SIGTTOU
 /// blocked meanwhile, or the kernel would stop us. Async-signal-safe (the
-/// command calls it between fork and exec).
+/// command calls it between its clone and its exec).
 pub fn give_terminal(fd: RawFd, pgid: libc::pid_t) {
     // SAFETY: sigset operations on local values; tcsetpgrp on a descriptor
     // the caller keeps open.

@@ -19,6 +19,7 @@ mod report;
 mod run;
 mod say;
 mod signals;
+mod spawn;
 mod tree;
 
 use std::process::ExitCode;
@@ -49,8 +50,8 @@ fn main() -> ExitCode {
         }
         None => {}
     }
-    // Current-thread on purpose: the command is forked from this thread, and
-    // the parent-death signal fires when the forking *thread* exits.
+    // Current-thread on purpose: the command is started from this thread,
+    // and the parent-death signal fires when that *thread* exits.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -8,7 +8,6 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use dbmutex::LockGuard;
-use tokio::process::Child;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::child::{self, Program};
@@ -16,6 +15,7 @@ use crate::exit::{self, Failure};
 use crate::group::{self, Exiting, Guardian, Terminal};
 use crate::say::{secs, Say};
 use crate::signals::Signals;
+use crate::spawn::Child;
 
 /// How often dbmutex checks whether the command's group is empty while it
 /// stops it.
@@ -94,12 +94,9 @@ impl Tree {
                 return Err(f);
             }
         };
-        let Some(pid) = child.id() else {
-            return Err(Failure::new(exit::OS_ERROR, "the command vanished at its start"));
-        };
         Ok(Tree {
+            pgid: child.id(),
             child,
-            pgid: pid as libc::pid_t,
             guardian,
             terminal,
             sigchld,
