@@ -34,9 +34,58 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
-/// The child's stack: `execvpe` builds the paths it tries there, and a
-/// script's fallback argv (`/bin/sh` and the arguments).
+/// The child's stack, beyond what a script's fallback argv takes: `execvpe`
+/// builds the paths it tries there, and for a script without `#!` an argv
+/// of `/bin/sh` and the arguments (one pointer each, added to this).
 const STACK_SIZE: usize = 256 * 1024;
+
+/// The child's stack: mapped for the child alone, with a page below it
+/// that faults, so an overflow kills the child instead of writing over
+/// dbmutex's memory (which the child shares).
+struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl Stack {
+    fn new(size: usize) -> io::Result<Stack> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let len = size.div_ceil(page) * page + page;
+        // SAFETY: a fresh private anonymous mapping, unmapped in Drop; its
+        // lowest page is then made inaccessible (the guard).
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let stack = Stack { base, len };
+            if libc::mprotect(base, page, libc::PROT_NONE) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(stack)
+        }
+    }
+
+    /// The highest 16-byte aligned address of the stack (it grows down).
+    fn top(&self) -> *mut libc::c_void {
+        ((self.base as usize + self.len) & !15) as *mut libc::c_void
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping `new` made, which nothing uses any more.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
 
 /// How often a child is polled for its exit where there is no pidfd
 /// (Linux before 5.3).
@@ -115,7 +164,7 @@ impl Spawn {
             .map(|a| a.as_ptr())
             .chain(std::iter::once(std::ptr::null()))
             .collect();
-        let mut stack = vec![0u8; STACK_SIZE];
+        let stack = Stack::new(STACK_SIZE + (self.argv.len() + 2) * std::mem::size_of::<*const u8>())?;
         let args = ChildArgs {
             file: self.file.as_ptr(),
             argv: argv.as_ptr(),
@@ -126,8 +175,6 @@ impl Spawn {
             parent: unsafe { libc::getpid() },
             error: AtomicI32::new(0),
         };
-        // The stack grows down: the child starts at its (16-byte aligned) top.
-        let top = (stack.as_mut_ptr() as usize + STACK_SIZE) & !15;
         // SAFETY: all signals are blocked across the clone (and restored
         // after it) so that none is handled on the child's side before it
         // resets the handlers. The child runs `child_main` on its own stack
@@ -141,7 +188,7 @@ impl Spawn {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
             let pid = libc::clone(
                 child_main,
-                top as *mut libc::c_void,
+                stack.top(),
                 libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
                 std::ptr::addr_of!(args) as *mut libc::c_void,
             );
