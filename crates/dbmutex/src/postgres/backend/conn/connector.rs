@@ -1,8 +1,6 @@
 //! How to make connections: a parsed configuration and a TLS choice.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use tokio_postgres::{Client, Config};
@@ -138,22 +136,7 @@ impl Connector {
             }
         };
         let connect_and_claim = async {
-            // A lock session's keepalive probe keeps its clock on the
-            // process's timer thread (`core/timers.rs`), as do the idle
-            // pools' reapers: started, once per
-            // process, right after the connect is on its way, while the
-            // server starts its backend (milliseconds: the thread's start
-            // costs the caller nothing then, and no probe ever sleeps in
-            // the caller's runtime).
-            let mut fut = std::pin::pin!(fut);
-            let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-            if claim {
-                let _ = crate::core::timers::handle();
-            }
-            let conn = match first {
-                Poll::Ready(r) => r,
-                Poll::Pending => fut.await,
-            }?;
+            let conn = fut.await?;
             if claim {
                 conn.claim().await?;
             }
