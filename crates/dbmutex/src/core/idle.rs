@@ -22,6 +22,10 @@ pub(crate) trait Reusable: Send + 'static {
         true
     }
 
+    /// Whether a pool of these starts the process's timer thread for its
+    /// reaper's sleeps (`core/timers.rs`); else it uses it once it runs.
+    const TIMER_THREAD: bool = false;
+
     /// Closes it (default: dropping it does).
     fn discard(self)
     where
@@ -168,24 +172,23 @@ impl<C: Reusable> Idle<C> {
         // when a connection is put back and taken again on every lock, and
         // stop, to be spawned again on the next put).
         let first = self.ttl.map(|ttl| Instant::now() + ttl.max(MIN_REAP));
-        // The sleeps on the process's timer thread when it runs (see
-        // `core/timers.rs`: a timer in the pool's runtime taxes its every
-        // park), each look on the pool's runtime (closing a connection may
-        // need it).
-        // (Not in this module's unit tests: they pause their runtime's
-        // clock, which the timer thread's does not follow.)
-        let clock = super::timers::started().flatten().filter(|_| !cfg!(test));
-        let pool_rt = rt.clone();
-        let reaper = async move {
+        // The sleeps on the process's timer thread (see `core/timers.rs`:
+        // a timer in the pool's runtime taxes its every park), each look on
+        // the pool's runtime (closing a connection may need it). A pool
+        // whose connections ask for it starts the thread, from a task (not
+        // in this `put`); the others use it once it runs. (Neither in this
+        // module's unit tests: they pause their runtime's clock, which the
+        // timer thread's does not follow.)
+        let reaper = move |on_timers: bool, pool_rt: tokio::runtime::Handle| async move {
             if let Some(first) = first {
                 tokio::time::sleep_until(first).await;
             }
             loop {
                 let pool = running.0.clone();
                 let look = move || pool.upgrade().and_then(|pool| pool.close_stale());
-                let next = match clock {
-                    None => look(),
-                    Some(_) => match pool_rt.spawn(async move { look() }).await {
+                let next = match on_timers {
+                    false => look(),
+                    true => match pool_rt.spawn(async move { look() }).await {
                         Ok(next) => next,
                         // The pool's runtime shut down: the next put starts
                         // a reaper (`running` tells it on drop).
@@ -200,7 +203,16 @@ impl<C: Reusable> Idle<C> {
                 tokio::time::sleep_until(next).await;
             }
         };
-        clock.unwrap_or(&rt).spawn(reaper);
+        match super::timers::started().flatten().filter(|_| !cfg!(test)) {
+            Some(clock) => drop(clock.spawn(reaper(true, rt))),
+            None if C::TIMER_THREAD && !cfg!(test) => drop(rt.clone().spawn(async move {
+                match super::timers::handle() {
+                    Some(clock) => drop(clock.spawn(reaper(true, rt))),
+                    None => reaper(false, rt).await,
+                }
+            })),
+            None => drop(rt.clone().spawn(reaper(false, rt))),
+        }
     }
 }
 

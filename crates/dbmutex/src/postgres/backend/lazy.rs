@@ -106,6 +106,10 @@ impl LazyConn {
 
 /// Side and spare connections, as idle pools keep them.
 impl Reusable for Arc<PgConn> {
+    /// A fleet waiter puts a spare back on every acquisition: its reaper's
+    /// 60 s sleep would sit in the caller's timer wheel for good.
+    const TIMER_THREAD: bool = true;
+
     fn alive(&self) -> bool {
         !self.is_lost()
     }
