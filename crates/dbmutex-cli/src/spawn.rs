@@ -22,6 +22,11 @@
 //! blocked across the clone; the child puts every caught signal back to
 //! its default before it unblocks them, so no handler of dbmutex's ever
 //! runs in it (`posix_spawn` does the same).
+//!
+//! glibc 2.25 or later: older `clone` wrappers wrote a cached pid/tid into
+//! the thread they were called from when given `CLONE_VM` alone (the
+//! child shares that thread's TLS), and older `execvpe` could allocate.
+//! A build links against glibc 2.34's symbols anyway.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -207,7 +212,7 @@ impl Spawn {
             unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
             return Err(io::Error::from_raw_os_error(failed));
         }
-        Child::new(pid)
+        Ok(Child::new(pid))
     }
 }
 
@@ -294,27 +299,29 @@ pub struct Child {
 }
 
 impl Child {
-    fn new(pid: libc::pid_t) -> io::Result<Child> {
-        // SAFETY: pidfd_open takes a pid and flags and returns a new
+    /// Never fails: the command runs by now, so it must be waited for
+    /// (and its lock held) whatever happens here; without a pidfd (Linux
+    /// before 5.3) or its registration (epoll out of memory or watches),
+    /// the exit is polled.
+    fn new(pid: libc::pid_t) -> Child {
+        // SAFETY: pidfd_open takes a pid and flags (0: PIDFD_NONBLOCK
+        // needs Linux 5.10, and epoll does not) and returns a new
         // descriptor (or -1), which the OwnedFd then owns.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::O_NONBLOCK) } as RawFd;
-        let pidfd = if fd >= 0 {
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
+        let pidfd = (fd >= 0).then(|| {
             // SAFETY: fd is a descriptor we just opened.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             // `with_interest` over tokio 1.54's `register`: the same, in
             // every tokio this crate accepts. The OwnedFd keeps the
             // descriptor open as long as the AsyncFd.
             #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)?;
-            Some(fd)
-        } else {
-            None
-        };
-        Ok(Child {
+            AsyncFd::with_interest(fd, tokio::io::Interest::READABLE).ok()
+        });
+        Child {
             pid,
-            pidfd,
+            pidfd: pidfd.flatten(),
             status: None,
-        })
+        }
     }
 
     pub fn id(&self) -> libc::pid_t {
