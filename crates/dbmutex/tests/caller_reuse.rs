@@ -89,7 +89,10 @@ async fn tokio_postgres_cancelled_acquisitions_leave_no_lock() {
         let done = if rng.bool() {
             cancel_after_polls(attempt, rng.u32(1..30)).await
         } else {
-            let after = Duration::from_micros(rng.u64(0..1500));
+            // Within an acquisition's life on the caller's connection (~50-500 µs
+            // here): a fast idle machine finishes most before 1.5 ms, and the
+            // run then has too few cancellations to mean anything.
+            let after = Duration::from_micros(rng.u64(0..800));
             tokio::time::timeout(after, attempt).await.ok()
         };
         match done {
@@ -115,8 +118,12 @@ async fn tokio_postgres_cancelled_acquisitions_leave_no_lock() {
         );
     }
     println!("1000 attempts: {cancelled} cancelled, {acquired} acquired and dropped");
+    // A floor against a degenerate run (every attempt done before its
+    // cancel), not the property under test (asserted every iteration
+    // above). Runs here give 275-421 of 1,000 with the timings of the
+    // machine of the moment; 300 failed one CI run.
     assert!(
-        cancelled > 300,
+        cancelled > 200,
         "too few cancellations to mean anything: {cancelled}"
     );
 }
