@@ -157,18 +157,7 @@ impl Spawn {
     /// parent-death signal fires when the thread that started the child
     /// exits.
     pub fn start(&self) -> io::Result<Child> {
-        let argv: Vec<*const libc::c_char> = self
-            .argv
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let envp: Vec<*const libc::c_char> = self
-            .env
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
+        let (argv, envp) = (null_terminated(&self.argv), null_terminated(&self.env));
         let stack = Stack::new(STACK_SIZE + (self.argv.len() + 2) * std::mem::size_of::<*const u8>())?;
         let args = ChildArgs {
             file: self.file.as_ptr(),
@@ -214,6 +203,15 @@ impl Spawn {
         }
         Ok(Child::new(pid))
     }
+}
+
+/// The pointers of `strings` and a null after them, as exec takes them.
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// What the child reads, prepared by the parent.
