@@ -555,6 +555,41 @@ fn a_holder_whose_member_is_cut_off_is_told_before_anyone_else_gets_in() {
     });
 }
 
+#[test]
+fn a_release_whose_first_answer_is_lost_is_not_reported_lost() {
+    if !netns::inside() {
+        return netns::in_netns("a_release_whose_first_answer_is_lost_is_not_reported_lost");
+    }
+    let (_cuts, etcd) = partitionable();
+    rt().block_on(async {
+        // The holder talks to one member, through 127.0.0.2, whose answers
+        // are then lost for 1.5 s: the delete takes effect, its answer does
+        // not come within the 1 s a try may take, and the retry finds no key
+        // (as a retry did right after a partition healed, in CI).
+        let url = etcd.member_url_via_2(etcd.leader());
+        let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+        let silence = netns::Silence::new(port);
+        let holder = connect(Locker::builder(&url), &etcd).await;
+        let name = unique("lost-answer");
+        let prefix = holder.key_of(name.as_str()).unwrap();
+        let g = holder.lock(name.as_str()).await.unwrap();
+        silence.on();
+        let release = tokio::spawn(g.release());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            keys_become(&etcd, &prefix, 0).await,
+            "the delete did not take effect while its answer was lost"
+        );
+        silence.off();
+        let released = tokio::time::timeout(Duration::from_secs(15), release)
+            .await
+            .expect("the release ends within its retries")
+            .unwrap();
+        released.expect("a key deleted by the release's own first try is a clean release");
+        comes_free(locker(&etcd).await, &name, "the lock is free").await;
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquisition_leaves_no_key_behind() {
     let etcd = PrivateEtcd::shared();

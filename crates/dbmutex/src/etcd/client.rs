@@ -80,15 +80,44 @@ where
     }
 }
 
-/// Deletes `key` (retried while a member is unreachable); how many keys
-/// went (0: it was gone already, or a retry's first try took it).
-pub(super) async fn delete(client: &Client, key: &str) -> Result<i64> {
-    retried(|| {
+/// What a delete found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Deleted {
+    /// This call deleted the key.
+    Now,
+    /// The key was gone before this call.
+    Gone,
+    /// The key was gone when a retry got there: either it was gone before,
+    /// or an earlier try whose answer was lost (a timeout right after a
+    /// partition heals) deleted it.
+    GoneOnRetry,
+}
+
+/// Deletes `key` (retried while a member is unreachable).
+pub(super) async fn delete(client: &Client, key: &str) -> Result<Deleted> {
+    let mut tries = 0;
+    let deleted = retried(|| {
+        tries += 1;
         let mut kv = client.kv_client();
         async move { kv.delete(key, None).await }
     })
+    .await?
+    .deleted();
+    Ok(match (deleted, tries) {
+        (1.., _) => Deleted::Now,
+        (_, 1) => Deleted::Gone,
+        _ => Deleted::GoneOnRetry,
+    })
+}
+
+/// Whether `lease` is still alive (not revoked, not expired).
+pub(super) async fn lease_alive(client: &Client, lease: i64) -> Result<bool> {
+    retried(|| {
+        let mut lc = client.lease_client();
+        async move { lc.time_to_live(lease, None).await }
+    })
     .await
-    .map(|r| r.deleted())
+    .map(|r| r.ttl() > 0)
 }
 
 /// Whether `e` is etcd saying a lease is gone (revoked or expired): a put

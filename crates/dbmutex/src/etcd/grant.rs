@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use tokio::sync::watch;
 
-use super::client;
+use super::client::{self, Deleted};
 use super::session::Session;
 use crate::core::arbiter::Hold;
 use crate::core::detach::Undo;
@@ -90,21 +90,34 @@ impl Grant for EtcdGrant {
         if let Some(h) = held.hold.as_mut() {
             h.releasing();
         }
+        let lost = self.lost.clone();
         releasing(&RELEASES, move || async move {
             // Cancelled midway, the delete goes on in the background.
             let mut again = Undo::with(held, spawn_delete);
-            let r = again.peek(|h| (h.client.clone(), h.key.clone())).expect("armed");
-            let r = client::delete(&r.0, &r.1).await;
+            let (c, key, lease) = again
+                .peek(|h| (h.client.clone(), h.key.clone(), h.session.lease))
+                .expect("armed");
+            let r = client::delete(&c, &key).await;
             if r.is_ok() {
                 again.disarm();
             }
-            // Nothing to delete: someone else did (a revoked lease, a
-            // deleted key) while it was held, which the holder must hear.
+            let gone = Err(Error::LockLost {
+                name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
+            });
             match r? {
-                0 => Err(Error::LockLost {
-                    name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
-                }),
-                _ => Ok(()),
+                Deleted::Now => Ok(()),
+                // Nothing to delete: someone else did (a revoked lease, a
+                // deleted key) while it was held, which the holder must hear.
+                Deleted::Gone => gone,
+                // A retry found nothing: our first try may have deleted it
+                // with its answer lost. It was ours if the lease still lives
+                // (no expiry or revoke took it) and no check found it
+                // deleted by another client while held.
+                Deleted::GoneOnRetry if *lost.borrow() => gone,
+                Deleted::GoneOnRetry => match client::lease_alive(&c, lease).await? {
+                    true => Ok(()),
+                    false => gone,
+                },
             }
         })
     }

@@ -121,3 +121,35 @@ impl Cut {
         sh(&format!("nft flush chain {TABLE} in"));
     }
 }
+
+/// Drops, silently, the packets a server sends from 127.0.0.2:`port` (its
+/// answers and acknowledgements to clients that reach it there), while
+/// letting everything sent to it through: requests arrive and take effect,
+/// their answers are lost until [`Silence::off`].
+pub struct Silence {
+    port: u16,
+}
+
+const SILENCE: &str = "inet dbmutex_silence";
+
+impl Silence {
+    pub fn new(port: u16) -> Silence {
+        assert!(inside(), "a Silence only inside the test's network namespace");
+        sh(&format!("nft add table {SILENCE}"));
+        sh(&format!(
+            "nft add chain {SILENCE} in '{{ type filter hook input priority 0; }}'"
+        ));
+        Silence { port }
+    }
+
+    pub fn on(&self) {
+        sh(&format!(
+            "nft add rule {SILENCE} in ip saddr 127.0.0.2 tcp sport {} drop",
+            self.port
+        ));
+    }
+
+    pub fn off(&self) {
+        sh(&format!("nft flush chain {SILENCE} in"));
+    }
+}
