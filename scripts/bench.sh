@@ -285,7 +285,7 @@ if [ "${FLEET:-1}" != 0 ]; then
 fi
 if [ "${CLI:-1}" != 0 ]; then
     echo "== dbmutex run NAME -- true beside true, flock(1) and the database's own client (median ms)"
-    cargo build --release -q -p dbmutex-cli
+    cargo build --profile dist -q -p dbmutex-cli
     DBMUTEX_TEST_PG_URL="$PG_URL" DBMUTEX_TEST_MYSQL_URL="$MYSQL_URL" \
         BACKENDS="postgres $($my_up && echo mysql) local" scripts/cli-overhead.sh "${CLI_RUNS:-100}" | tee "$OUT/cli.jsonl"
 fi

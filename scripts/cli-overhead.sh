@@ -8,9 +8,9 @@
 # Usage: scripts/cli-overhead.sh [RUNS]          (default 200 runs per command)
 #
 # Environment:
-#   DBMUTEX                 the binary (default: the release build under
+#   DBMUTEX                 the binary (default: the dist build under
 #                           $CARGO_TARGET_DIR, else target/; build it with
-#                           `cargo build --release -p dbmutex-cli`)
+#                           `cargo build --profile dist -p dbmutex-cli`)
 #   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
 #   DBMUTEX_TEST_MYSQL_URL  MySQL/MariaDB URL (default mysql://root@127.0.0.1:3306/test)
 #   BACKENDS                which backends (default "local postgres mysql")
@@ -21,14 +21,14 @@ export LC_ALL=C
 cd "$(dirname "$0")/.."
 
 runs=${1:-200}
-dbmutex=${DBMUTEX:-${CARGO_TARGET_DIR:-target}/release/dbmutex}
+dbmutex=${DBMUTEX:-${CARGO_TARGET_DIR:-target}/dist/dbmutex}
 pg_url=${DBMUTEX_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
 mysql_url=${DBMUTEX_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
 true_bin=$(command -v true | grep / || echo /bin/true)
 [ -x "$true_bin" ] || true_bin=/bin/true
 
 if [ ! -x "$dbmutex" ]; then
-  echo "cli-overhead.sh: no binary at $dbmutex; run cargo build --release -p dbmutex-cli" >&2
+  echo "cli-overhead.sh: no binary at $dbmutex; run cargo build --profile dist -p dbmutex-cli" >&2
   exit 1
 fi
 
