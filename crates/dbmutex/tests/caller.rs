@@ -109,6 +109,34 @@ async fn sqlx_session_lock_on_a_pool_of_one() {
     assert!(free(&name).await);
 }
 
+/// A refused name or option costs the pool nothing: the connection goes
+/// back to it untouched (the same server session comes out next), not
+/// closed as after a statement that may have locked.
+#[tokio::test]
+async fn sqlx_refused_names_leave_the_pooled_connection_open() {
+    let pool = pool(1).await;
+    let p = Prefix::none();
+    let before = pid(&mut pool.acquire().await.unwrap()).await;
+    let refusals = [
+        ("", LockOptions::try_once()),
+        ("a\0b", LockOptions::try_once()),
+        ("fine", LockOptions::try_once().transaction(true)),
+    ];
+    for (name, opts) in refusals {
+        let conn = pool.acquire().await.unwrap();
+        let r = dsqlx::lock_session(conn, name, &opts, &p).await;
+        assert!(
+            matches!(r, Err(dbmutex::Error::InvalidName(_) | dbmutex::Error::Config(_))),
+            "{name:?}: {r:?}"
+        );
+        let after = pid(&mut pool.acquire().await.unwrap()).await;
+        assert_eq!(
+            after, before,
+            "{name:?}: the refusal closed the pooled connection"
+        );
+    }
+}
+
 /// A transaction lock next to the app's own queries in their transaction
 /// (the session lock beside them: the pool-of-one test); the commit
 /// releases it, and outside a transaction it is refused.

@@ -214,9 +214,12 @@ pub async fn lock_session<C: OwnedConnection>(
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<SessionGuard<C>, C>> {
-    let mut pending = Pending::new(Owned(conn));
-    let in_tx = pending.conn().0.pg().is_in_transaction();
+    let mut conn = conn;
+    let in_tx = conn.pg().is_in_transaction();
+    // Checked before anything is sent: a refused name or option drops the
+    // connection untouched (a pool connection goes back to its pool).
     let r = Request::session(name.into(), opts, prefix, in_tx, "postgres::sqlx::lock_xact")?;
+    let mut pending = Pending::new(Owned(conn));
     if !acquire(&mut pending, &r).await? {
         return Ok(Err(pending.done().0));
     }
