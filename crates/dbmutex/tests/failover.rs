@@ -356,4 +356,18 @@ async fn a_holder_on_a_primary_restarted_as_a_standby_is_told() {
         Err(e) => panic!("refused, but not as a standby: {e}"),
         Ok(_) => panic!("a locker on a hot standby must be refused"),
     }
+    // A transaction lock takes no claim: its own connection, which the
+    // old locker now opens on the demoted server, is refused there too
+    // (retried as a connect error until the bound), never granted.
+    let xact = LockOptions::new()
+        .transaction(true)
+        .timeout(Duration::from_secs(2));
+    match old.acquire(&name, &xact).await {
+        Ok(Some(_)) => panic!("a transaction lock was granted on a hot standby"),
+        Ok(None) => println!("a transaction lock on the demoted server: not acquired within 2 s"),
+        Err(e) => {
+            println!("a transaction lock on the demoted server: {e}");
+            assert!(matches!(e, dbmutex::Error::Connect(_)), "{e}");
+        }
+    }
 }

@@ -35,6 +35,9 @@ pub(super) async fn wait_dedicated(
         // What the claim learns (a `statement_timeout` in force) picks the
         // form below.
         claimed(conn).await?;
+    } else if opts.transaction {
+        // No claim on a transaction lock's connection; not a standby either.
+        conn.check_not_standby().await?;
     }
     let got = match session_names {
         // A lock session's wait goes as its try does: prepared and nameless

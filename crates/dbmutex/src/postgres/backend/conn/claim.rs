@@ -59,6 +59,7 @@ impl PgConn {
             // rides out a promotion of this very server.
             return Err(Error::Connect(ON_A_STANDBY.into()));
         }
+        self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
         let owner: Option<String> = row.get(0);
         // The first statement of a fresh backend: every function, operator
         // and cast it names costs catalog lookups there (BENCHMARKS.md, CLI
@@ -92,6 +93,29 @@ impl PgConn {
         }
         self.heard_from_server();
         self.check_direct().await;
+        Ok(())
+    }
+
+    /// Refuses a hot standby ([`ON_A_STANDBY`], a connect error) on a
+    /// connection that takes locks without a claim (a transaction lock's
+    /// own connection): a multi-host URL, or a primary demoted and back at
+    /// its address, can hand a new connection to a standby, where a lock
+    /// would exclude only that standby's clients. Asked once per
+    /// connection, and not at all after a claim (which asks it too).
+    pub(crate) async fn check_not_standby(&self) -> Result<()> {
+        if self.not_standby.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let rows = self
+            .client
+            .query_typed("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        if rows.first().and_then(|r| r.get::<_, Option<bool>>(0)) == Some(true) {
+            return Err(Error::Connect(ON_A_STANDBY.into()));
+        }
+        self.heard_from_server();
+        self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -99,6 +99,9 @@ pub(crate) struct PgConn {
     /// when that session was already claimed by another client.
     pub(super) claim: std::sync::OnceLock<Claim>,
     pub(super) claim_tried: std::sync::atomic::AtomicBool,
+    /// The server answered, on this connection, that it is not a hot
+    /// standby (in the claim, or in [`PgConn::check_not_standby`]).
+    pub(super) not_standby: std::sync::atomic::AtomicBool,
     /// The server's lock-table settings, read with the claim.
     pub(crate) lock_table: std::sync::OnceLock<LockTable>,
     /// The connector's flag: a pooler moved one of its connections.
@@ -176,6 +179,7 @@ impl PgConn {
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
             claim: std::sync::OnceLock::new(),
             claim_tried: Default::default(),
+            not_standby: Default::default(),
             lock_table: Default::default(),
             pooler_seen,
             dialed,
