@@ -7,13 +7,13 @@
 
 #[path = "common/lines.rs"]
 mod lines;
+use lines::Child;
 #[path = "common/tempdir.rs"]
 mod tempdir;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dbmutex::{BackendKind, Error, LockOptions, Locker, Mode};
@@ -32,50 +32,6 @@ async fn local(dir: &TempDir) -> Locker {
         .connect()
         .await
         .unwrap()
-}
-
-/// A child process whose stdout lines arrive on a channel.
-struct Child {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Child {
-    fn spawn(cmd: &mut Command) -> Child {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        let lines = lines::of(&mut child);
-        Child { child, lines }
-    }
-
-    /// Blocks until the child prints `want` at the end of a line.
-    fn expect_line(&self, want: &str) {
-        loop {
-            match self.lines.recv_timeout(Duration::from_secs(30)) {
-                Ok(line) if line == want => return,
-                Ok(_) => {}
-                Err(e) => panic!("the child never printed {want:?}: {e}"),
-            }
-        }
-    }
-
-    fn close_stdin(&mut self) {
-        drop(self.child.stdin.take());
-    }
-
-    fn pid(&self) -> i64 {
-        i64::from(self.child.id())
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// This test binary, re-run as a child that holds `name` in `dir` (found

@@ -6,13 +6,13 @@
 
 #[path = "common/lines.rs"]
 mod lines;
+use lines::Child;
 #[path = "common/tempdir.rs"]
 mod tempdir;
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dbmutex::{LockOptions, Locker};
@@ -48,50 +48,13 @@ async fn await_tickets(dir: &Path, n: usize) {
     }
 }
 
-struct Child {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Child {
-    fn spawn(dir: &TempDir, what: &str) -> Child {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+/// This test binary, re-run as a child doing `what` in `dir`.
+fn spawn_child(dir: &TempDir, what: &str) -> Child {
+    Child::spawn(
+        Command::new(std::env::current_exe().unwrap())
             .env(CHILD_ENV, what)
-            .env("DBMUTEX_LOCK_DIR", dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let lines = lines::of(&mut child);
-        Child { child, lines }
-    }
-
-    fn line(&self) -> String {
-        self.lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the child went silent")
-    }
-
-    fn say(&mut self, line: &str) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{line}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            .env("DBMUTEX_LOCK_DIR", dir.path()),
+    )
 }
 
 /// The child's body runs before libtest's `main` (an ELF constructor), as in
@@ -153,7 +116,7 @@ static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 fn two_processes_alternate() {
     let _alone = ALONE.blocking_lock();
     let dir = TempDir::new("fair-alternate");
-    let mut children = [Child::spawn(&dir, "loop"), Child::spawn(&dir, "loop")];
+    let mut children = [spawn_child(&dir, "loop"), spawn_child(&dir, "loop")];
     for c in &children {
         assert_eq!(c.line(), "ready");
     }
@@ -211,7 +174,7 @@ async fn stopped_or_killed_waiters_block_nobody() {
             .await
             .unwrap()
             .unwrap();
-        let first = Child::spawn(&dir, "wait");
+        let first = spawn_child(&dir, "wait");
         assert_eq!(first.line(), "asking");
         await_tickets(dir.path(), 1).await;
         let waiter = {
@@ -230,7 +193,7 @@ async fn stopped_or_killed_waiters_block_nobody() {
             .unwrap_or_else(|_| panic!("a {sig} waiter blocked the next"))
             .unwrap();
         assert!(got.is_some(), "{sig}: the next waiter got the lock");
-        assert!(first.lines.try_recv().is_err(), "{sig}: the first never got it");
+        assert_eq!(first.printed(), None, "{sig}: the first never got it");
         drop(got);
         first.signal("-KILL");
         drop(first);

@@ -8,9 +8,9 @@
 mod common;
 #[path = "common/lines.rs"]
 mod lines;
+use lines::Child;
 
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{unique, Backend};
@@ -35,7 +35,7 @@ fn opts() -> LockOptions {
 /// kill (plus the machine's slack on the late side); a clean release, at once.
 async fn a_killed_holders_lock_stays_closed_for_the_delay(b: Backend) {
     let name = unique("delay-kill");
-    let mut child = Child::hold(b, &name);
+    let mut child = hold(b, &name);
     // A few renewals happen before the kill.
     tokio::time::sleep(3 * BEAT).await;
     let contender = b.locker().await;
@@ -110,7 +110,7 @@ async fn a_killed_holders_lock_stays_closed_for_the_delay(b: Backend) {
 /// the record, and a wait that outlasts the closure is granted once it ends.
 async fn a_closed_lock_is_refused_within_the_callers_bound(b: Backend) {
     let name = unique("delay-bound");
-    let mut child = Child::hold(b, &name);
+    let mut child = hold(b, &name);
     tokio::time::sleep(2 * BEAT).await;
     let killed = Instant::now();
     child.kill();
@@ -192,43 +192,14 @@ backends! {
     ];
 }
 
-/// This test binary re-run as a holder of one lock with lock-delay, killed
-/// by the test.
-struct Child {
-    child: std::process::Child,
-}
-
-impl Child {
-    /// Starts a child that holds `name` on `b` and returns once it does.
-    fn hold(b: Backend, name: &str) -> Child {
-        let spec = format!("{}\n{name}\n{}", b.url(), DELAY.as_millis());
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env(CHILD_ENV, spec)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the holding child");
-        let lines: mpsc::Receiver<String> = lines::of(&mut child);
-        match lines.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line == "held" => Child { child },
-            other => {
-                let _ = child.kill();
-                panic!("the holding child did not say it held the lock: {other:?}")
-            }
-        }
-    }
-
-    /// SIGKILL: no release, no goodbye.
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// This test binary re-run as a holder of `name` on `b` with lock-delay
+/// (killed by the test); returns once it holds it.
+fn hold(b: Backend, name: &str) -> Child {
+    let spec = format!("{}\n{name}\n{}", b.url(), DELAY.as_millis());
+    let child = Child::spawn(Command::new(std::env::current_exe().unwrap()).env(CHILD_ENV, spec));
+    match child.line().as_str() {
+        "held" => child,
+        other => panic!("the holding child did not say it held the lock: {other:?}"),
     }
 }
 
