@@ -1548,6 +1548,11 @@ fn transaction_lock(b: &Backend) {
         key["postgres"]["k1"]
     ));
     assert_eq!(state, "idle in transaction");
+    // Held past a few keepalive probes (1 s each): the probe of a
+    // transaction lock's connection was invalid SQL, so the lock was
+    // reported lost and the command stopped (exit 70) after ~1 s.
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    b.assert_held(&name);
     let out = b.run(&["run", "--transaction", "-w", "0.2", &name, "--", "true"]);
     assert_eq!(code(&out), 75, "{}", stderr(&out));
     holder.signal(libc::SIGTERM);

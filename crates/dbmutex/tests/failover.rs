@@ -285,6 +285,27 @@ async fn a_holder_on_a_primary_made_read_only_is_told() {
         read_only(&admin, false).await;
         second.release().await.unwrap();
     }
+    // A transaction lock's holder (its connection takes no claim, and its
+    // open transaction keeps the read-only flag its BEGIN got) is told the
+    // same way.
+    let old = locker(&primary).await;
+    let xact = LockOptions::new()
+        .timeout(Duration::from_secs(10))
+        .transaction(true);
+    let held = old
+        .acquire(&unique("failover-read-only-xact"), &xact)
+        .await
+        .unwrap()
+        .expect("acquired on the old primary");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    read_only(&admin, true).await;
+    let (told, _) = told_within(&held, Duration::from_secs(3)).await;
+    println!("read-only, transaction lock: old holder told {told:?} after the reload");
+    assert!(
+        told < Duration::from_millis(2000),
+        "within the keepalive bound: {told:?}"
+    );
+    read_only(&admin, false).await;
     // A server read-only from the start (a read-only role, say) is not a
     // failover: only a change is told.
     read_only(&admin, true).await;
@@ -294,8 +315,17 @@ async fn a_holder_on_a_primary_made_read_only_is_told() {
         .await
         .unwrap()
         .expect("acquired");
+    let held_xact = steady
+        .acquire(&unique("read-only-from-the-start-xact"), &xact)
+        .await
+        .unwrap()
+        .expect("acquired");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(held.is_held(), "a lock taken on a read-only server stays held");
+    assert!(
+        held_xact.is_held(),
+        "a transaction lock taken on a read-only server stays held"
+    );
 }
 
 /// The old primary demoted (stopped, then started again as a standby):

@@ -492,6 +492,37 @@ async fn locker_transaction_lock_lives_in_its_own_transaction() {
     assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
 }
 
+/// A transaction lock outlives its connection's keepalive probes: held
+/// for several probe periods it stays held, its transaction open, and
+/// its release commits. (The probe of a connection without a claim was
+/// `SELECT CASE ELSE 't' END`, a syntax error, so the first probe, a
+/// keepalive period after the grant, closed the connection and reported
+/// the lock lost.)
+#[tokio::test]
+async fn a_transaction_lock_outlives_its_keepalive_probes() {
+    let a = Locker::builder(&common::pg_url())
+        .keepalive(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let b = Backend::Postgres.locker().await;
+    for opts in [
+        LockOptions::new().transaction(true),
+        LockOptions::try_once().transaction(true),
+    ] {
+        let name = unique("xact-probed");
+        let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free");
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(g.is_held(), "{opts:?}: reported lost while held");
+        assert!(
+            b.try_lock(name.as_str()).await.unwrap().is_none(),
+            "{opts:?}: the server let it go"
+        );
+        g.release().await.unwrap();
+        assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
+    }
+}
+
 /// A waiter in another process is handed the lock by the server's own
 /// queue (it waits in the server on its lock session), not on a next poll:
 /// with a 10 s backoff cap, polling alone would be late.

@@ -101,19 +101,31 @@ impl PgConn {
     /// own connection): a multi-host URL, or a primary demoted and back at
     /// its address, can hand a new connection to a standby, where a lock
     /// would exclude only that standby's clients. Asked once per
-    /// connection, and not at all after a claim (which asks it too).
+    /// connection, and not at all after a claim (which asks it too); like
+    /// the claim, it records whether the server is a writable primary.
     pub(crate) async fn check_not_standby(&self) -> Result<()> {
         if self.not_standby.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
         let rows = self
             .client
-            .query_typed("SELECT pg_is_in_recovery()", &[])
+            .query_typed(
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')",
+                &[],
+            )
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        if rows.first().and_then(|r| r.get::<_, Option<bool>>(0)) == Some(true) {
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Connect("the standby check returned no row".into()))?;
+        if row.get::<_, Option<bool>>(0) == Some(true) {
             return Err(Error::Connect(ON_A_STANDBY.into()));
         }
+        // A writable primary now: the keepalive probe of a lock held here
+        // tells its holder if that changes (see `heartbeat.rs`).
+        let writable = row.get::<_, Option<String>>(1).as_deref() == Some("off");
+        self.writable
+            .store(writable, std::sync::atomic::Ordering::Relaxed);
         self.heard_from_server();
         self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())

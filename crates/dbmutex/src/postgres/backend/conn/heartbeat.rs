@@ -158,21 +158,34 @@ impl PgConn {
         // Still on our own server session? (A connection without a claim
         // holds only transaction locks, pinned by their transaction.) The
         // token is hex: nothing to escape.
-        if let Some(c) = self.claim.get().filter(|_| !xact) {
+        let claimed = self.claim.get().filter(|_| !xact);
+        if let Some(c) = claimed {
             let _ = write!(
                 q,
                 " WHEN current_setting('dbmutex.owner', true) IS DISTINCT FROM '{}' THEN 'f'",
                 c.token
             );
-            if self.writable.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = write!(
-                    q,
-                    " WHEN pg_is_in_recovery() OR current_setting('transaction_read_only') <> 'off' \
-                     THEN '{SUPERSEDED}'"
-                );
-            }
         }
-        q.push_str(" ELSE 't' END");
+        if (claimed.is_some() || xact) && self.writable.load(std::sync::atomic::Ordering::Relaxed) {
+            // In the open transaction of a transaction lock,
+            // `transaction_read_only` is the one its BEGIN got; a reload
+            // that fences the server shows in the default.
+            let setting = match xact {
+                true => "default_transaction_read_only",
+                false => "transaction_read_only",
+            };
+            let _ = write!(
+                q,
+                " WHEN pg_is_in_recovery() OR current_setting('{setting}') <> 'off' THEN '{SUPERSEDED}'"
+            );
+        }
+        // Nothing to check (a transaction lock on a server that was not a
+        // writable primary when it was checked): a CASE needs a WHEN.
+        if q.len() == "SELECT CASE".len() {
+            q.replace_range(.., "SELECT 't'");
+        } else {
+            q.push_str(" ELSE 't' END");
+        }
         if !comment.is_empty() {
             let _ = write!(q, " /* {comment} */");
         }
