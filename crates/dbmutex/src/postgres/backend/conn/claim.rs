@@ -51,15 +51,8 @@ impl PgConn {
             )
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::Connect("the session claim returned no row".into()))?;
-        if row.get::<_, Option<bool>>(8) == Some(true) {
-            // A connect error: a wait reconnects until its bound, so it
-            // rides out a promotion of this very server.
-            return Err(Error::Connect(ON_A_STANDBY.into()));
-        }
-        self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
+        let row = first_row(&rows, "the session claim")?;
+        self.note_primary(row.get(8), row.get(9))?;
         let owner: Option<String> = row.get(0);
         // The first statement of a fresh backend: every function, operator
         // and cast it names costs catalog lookups there (BENCHMARKS.md, CLI
@@ -77,9 +70,6 @@ impl PgConn {
         if owner.as_deref() == Some(token.as_str()) {
             let addr = row.get::<_, Option<std::net::IpAddr>>(6).map(|a| a.to_string());
             let _ = self.server_end.set((addr, row.get(7)));
-            let writable = row.get::<_, Option<String>>(9).as_deref() == Some("off");
-            self.writable
-                .store(writable, std::sync::atomic::Ordering::Relaxed);
             let timed = row.get::<_, Option<String>>(10).is_some_and(|t| t != "0");
             self.statement_timeout
                 .store(timed, std::sync::atomic::Ordering::Relaxed);
@@ -115,19 +105,27 @@ impl PgConn {
             )
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::Connect("the standby check returned no row".into()))?;
-        if row.get::<_, Option<bool>>(0) == Some(true) {
+        let row = first_row(&rows, "the standby check")?;
+        self.note_primary(row.get(0), row.get(1))?;
+        self.heard_from_server();
+        Ok(())
+    }
+
+    /// What the claim or the standby check read of the server: a hot
+    /// standby (`in_recovery`) is refused with [`ON_A_STANDBY`], a connect
+    /// error, so a wait reconnects until its bound and rides out a
+    /// promotion of this very server. Otherwise records that it is not one,
+    /// and whether it is a writable primary now (`transaction_read_only`
+    /// off), which the keepalive probe of a lock held here then watches
+    /// (see `heartbeat.rs`).
+    fn note_primary(&self, in_recovery: Option<bool>, read_only: Option<String>) -> Result<()> {
+        if in_recovery == Some(true) {
             return Err(Error::Connect(ON_A_STANDBY.into()));
         }
-        // A writable primary now: the keepalive probe of a lock held here
-        // tells its holder if that changes (see `heartbeat.rs`).
-        let writable = row.get::<_, Option<String>>(1).as_deref() == Some("off");
+        self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
+        let writable = read_only.as_deref() == Some("off");
         self.writable
             .store(writable, std::sync::atomic::Ordering::Relaxed);
-        self.heard_from_server();
-        self.not_standby.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -225,4 +223,11 @@ impl PgConn {
         // Reported lost now, whatever the termination takes.
         self.lost.send_replace(true);
     }
+}
+
+/// The one row a statement of the claim's returns (`what` names it in the
+/// error otherwise).
+fn first_row<'r>(rows: &'r [tokio_postgres::Row], what: &str) -> Result<&'r tokio_postgres::Row> {
+    rows.first()
+        .ok_or_else(|| Error::Connect(format!("{what} returned no row").into()))
 }
