@@ -809,3 +809,20 @@ async fn idle_connections_are_closed_once_quiet() {
     assert_ne!(a.holders(name.as_str()).await.unwrap()[0].pid, id);
     g.release().await.unwrap();
 }
+
+/// Every kind of lock MySQL/MariaDB takes outlives its connection's
+/// keepalive probes (as on PostgreSQL, whose transaction locks once did not).
+#[tokio::test]
+async fn each_kind_of_lock_outlives_its_keepalive_probes() {
+    common::each_kind_outlives_its_probes(
+        Backend::Mysql,
+        &[
+            LockOptions::new(),
+            LockOptions::try_once(),
+            LockOptions::new().fenced(true),
+            LockOptions::new().max_hold(Duration::from_secs(30)),
+            LockOptions::new().lock_delay(Duration::from_secs(5)),
+        ],
+    )
+    .await;
+}

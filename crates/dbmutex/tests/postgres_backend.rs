@@ -492,35 +492,28 @@ async fn locker_transaction_lock_lives_in_its_own_transaction() {
     assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
 }
 
-/// A transaction lock outlives its connection's keepalive probes: held
-/// for several probe periods it stays held, its transaction open, and
-/// its release commits. (The probe of a connection without a claim was
-/// `SELECT CASE ELSE 't' END`, a syntax error, so the first probe, a
-/// keepalive period after the grant, closed the connection and reported
-/// the lock lost.)
+/// Every kind of lock outlives its connection's keepalive probes (the
+/// probe of a transaction lock's connection, which takes no claim, was
+/// `SELECT CASE ELSE 't' END`, a syntax error: every transaction lock was
+/// reported lost one keepalive period after its grant).
 #[tokio::test]
-async fn a_transaction_lock_outlives_its_keepalive_probes() {
-    let a = Locker::builder(&common::pg_url())
-        .keepalive(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
-    let b = Backend::Postgres.locker().await;
-    for opts in [
-        LockOptions::new().transaction(true),
-        LockOptions::try_once().transaction(true),
-    ] {
-        let name = unique("xact-probed");
-        let g = a.acquire(name.as_str(), &opts).await.unwrap().expect("free");
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-        assert!(g.is_held(), "{opts:?}: reported lost while held");
-        assert!(
-            b.try_lock(name.as_str()).await.unwrap().is_none(),
-            "{opts:?}: the server let it go"
-        );
-        g.release().await.unwrap();
-        assert!(common::eventually(Duration::from_secs(3), || common::free_for(&b, &name)).await);
-    }
+async fn each_kind_of_lock_outlives_its_keepalive_probes() {
+    let xact = || LockOptions::new().transaction(true);
+    common::each_kind_outlives_its_probes(
+        Backend::Postgres,
+        &[
+            LockOptions::new(),
+            LockOptions::try_once(),
+            LockOptions::new().shared(true),
+            LockOptions::new().fenced(true),
+            LockOptions::new().max_hold(Duration::from_secs(30)),
+            LockOptions::new().lock_delay(Duration::from_secs(5)),
+            xact(),
+            LockOptions::try_once().transaction(true),
+            xact().shared(true),
+        ],
+    )
+    .await;
 }
 
 /// A waiter in another process is handed the lock by the server's own

@@ -472,3 +472,35 @@ macro_rules! for_each_backend {
         $crate::for_each_backend!(@one #[cfg(feature = "etcd")] etcd Etcd [$($common),*] [$($et),*]);
     };
 }
+
+/// Each of `kinds` of lock, taken on `b` by a locker whose keepalive probe
+/// runs every 200 ms, is still held after 1.5 s (some seven probes): not
+/// reported lost, and an exclusive try of another locker is refused; then
+/// its release succeeds and frees it. A probe that fails on a healthy
+/// connection (once, a transaction lock's was invalid SQL) reports every
+/// lock of that kind lost one keepalive period after its grant.
+pub async fn each_kind_outlives_its_probes(b: Backend, kinds: &[dbmutex::LockOptions]) {
+    let a = b.connect(b.builder().keepalive(Duration::from_millis(200))).await;
+    let other = b.locker().await;
+    for opts in kinds {
+        let name = unique("probed");
+        let g = a
+            .acquire(name.as_str(), opts)
+            .await
+            .unwrap_or_else(|e| panic!("{opts:?}: {e}"))
+            .unwrap_or_else(|| panic!("{opts:?}: a free lock not acquired"));
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(g.is_held(), "{opts:?}: reported lost while held");
+        assert!(
+            other.try_lock(name.as_str()).await.unwrap().is_none(),
+            "{opts:?}: the server let it go"
+        );
+        g.release()
+            .await
+            .unwrap_or_else(|e| panic!("{opts:?}: release: {e}"));
+        assert!(
+            eventually(Duration::from_secs(3), || free_for(&other, &name)).await,
+            "{opts:?}: not free after release"
+        );
+    }
+}
