@@ -101,22 +101,24 @@ impl Grant for EtcdGrant {
             if r.is_ok() {
                 again.disarm();
             }
-            let gone = Err(Error::LockLost {
-                name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
-            });
+            let gone = || {
+                Err(Error::LockLost {
+                    name: "an etcd lock whose key was gone at release (lease revoked or key deleted)".into(),
+                })
+            };
             match r? {
                 Deleted::Now => Ok(()),
                 // Nothing to delete: someone else did (a revoked lease, a
                 // deleted key) while it was held, which the holder must hear.
-                Deleted::Gone => gone,
+                Deleted::Gone => gone(),
                 // A retry found nothing: our first try may have deleted it
                 // with its answer lost. It was ours if the lease still lives
                 // (no expiry or revoke took it) and no check found it
                 // deleted by another client while held.
-                Deleted::GoneOnRetry if *lost.borrow() => gone,
+                Deleted::GoneOnRetry if *lost.borrow() => gone(),
                 Deleted::GoneOnRetry => match client::lease_alive(&c, lease).await? {
                     true => Ok(()),
-                    false => gone,
+                    false => gone(),
                 },
             }
         })

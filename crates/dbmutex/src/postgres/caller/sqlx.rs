@@ -209,12 +209,11 @@ impl OwnedConnection for PoolConnection<Postgres> {
 /// - [`LockOptions::transaction`] is refused here ([`Error::Config`]); use
 ///   [`lock_xact`].
 pub async fn lock_session<C: OwnedConnection>(
-    conn: C,
+    mut conn: C,
     name: impl Into<LockName>,
     opts: &LockOptions,
     prefix: &Prefix,
 ) -> Result<std::result::Result<SessionGuard<C>, C>> {
-    let mut conn = conn;
     let in_tx = conn.pg().is_in_transaction();
     // Checked before anything is sent: a refused name or option drops the
     // connection untouched (a pool connection goes back to its pool).

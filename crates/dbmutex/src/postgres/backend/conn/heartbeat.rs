@@ -154,38 +154,35 @@ impl PgConn {
     /// load-balancing pooler (pgpool-II) sends the probe to the primary.
     fn probe_query(&self, xact: bool, comment: &str) -> String {
         use std::fmt::Write;
-        let mut q = String::from("SELECT CASE");
+        let mut whens = String::new();
         // Still on our own server session? (A connection without a claim
         // holds only transaction locks, pinned by their transaction.) The
         // token is hex: nothing to escape.
         let claimed = self.claim.get().filter(|_| !xact);
         if let Some(c) = claimed {
             let _ = write!(
-                q,
+                whens,
                 " WHEN current_setting('dbmutex.owner', true) IS DISTINCT FROM '{}' THEN 'f'",
                 c.token
             );
         }
+        // Still a writable primary? The default, not `transaction_read_only`:
+        // in the open transaction of a transaction lock, that is the one
+        // its BEGIN got, and a reload that fences the server shows only in
+        // the default (outside a transaction the two are the same).
         if (claimed.is_some() || xact) && self.writable.load(std::sync::atomic::Ordering::Relaxed) {
-            // In the open transaction of a transaction lock,
-            // `transaction_read_only` is the one its BEGIN got; a reload
-            // that fences the server shows in the default.
-            let setting = match xact {
-                true => "default_transaction_read_only",
-                false => "transaction_read_only",
-            };
             let _ = write!(
-                q,
-                " WHEN pg_is_in_recovery() OR current_setting('{setting}') <> 'off' THEN '{SUPERSEDED}'"
+                whens,
+                " WHEN pg_is_in_recovery() OR current_setting('default_transaction_read_only') <> 'off' \
+                 THEN '{SUPERSEDED}'"
             );
         }
         // Nothing to check (a transaction lock on a server that was not a
         // writable primary when it was checked): a CASE needs a WHEN.
-        if q.len() == "SELECT CASE".len() {
-            q.replace_range(.., "SELECT 't'");
-        } else {
-            q.push_str(" ELSE 't' END");
-        }
+        let mut q = match whens.is_empty() {
+            true => String::from("SELECT 't'"),
+            false => format!("SELECT CASE{whens} ELSE 't' END"),
+        };
         if !comment.is_empty() {
             let _ = write!(q, " /* {comment} */");
         }
