@@ -1413,3 +1413,45 @@ async fn a_release_dropped_in_flight_frees_the_lock() {
         }
     }
 }
+
+/// Over a unix socket (no TCP address to find the server at, so never
+/// "direct"), the claim reads the session's start with it: session locks
+/// work and exclude a TCP client of the same server, and a transaction
+/// lock too. On a private server, whose socket is in its own directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_connection_claims_its_session_and_excludes() {
+    let pg = common::PrivatePg::start(&[]);
+    let dir = pg.dir().display().to_string().replace('/', "%2F");
+    let socket = format!("postgres://postgres@{dir}:{}/test", pg.port());
+    let over_socket = Locker::connect(&socket)
+        .await
+        .expect("connect over the unix socket");
+    let over_tcp = Locker::connect(&pg.url()).await.unwrap();
+    let name = unique("unix-socket");
+    let g = over_socket
+        .lock(name.as_str())
+        .await
+        .expect("a session lock over the socket");
+    assert!(
+        over_tcp.try_lock(name.as_str()).await.unwrap().is_none(),
+        "held over the socket, so busy over TCP"
+    );
+    assert_eq!(pg.granted_advisory_locks().await, 1);
+    g.release().await.expect("released over the socket");
+    let xact = LockOptions::new()
+        .transaction(true)
+        .timeout(Duration::from_secs(5));
+    let t = over_socket
+        .acquire(name.as_str(), &xact)
+        .await
+        .unwrap()
+        .expect("a transaction lock over the socket");
+    assert!(over_tcp.try_lock(name.as_str()).await.unwrap().is_none());
+    t.release().await.unwrap();
+    let again = over_tcp
+        .try_lock(name.as_str())
+        .await
+        .unwrap()
+        .expect("free once released");
+    again.release().await.unwrap();
+}

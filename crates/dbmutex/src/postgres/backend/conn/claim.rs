@@ -34,56 +34,89 @@ impl PgConn {
         Box::pin(self.claim_now()).await
     }
 
-    /// [`claim`](Self::claim)'s statement.
+    /// [`claim`](Self::claim)'s statement, then, on a claimed connection
+    /// that may have a pooler in between, [`session_start`](Self::session_start).
     async fn claim_now(self: &Arc<Self>) -> Result<()> {
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        // Without one TCP host dialed, the connection is never found direct
+        // (`check_direct`): the session's start comes with the claim, no
+        // extra round trip. Else it is asked only if not direct (below).
+        let with_start = self.dialed.is_none();
         let rows = self
             .client
             .query_typed(
-                "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
-                 THEN set_config('dbmutex.owner', $1, false) \
-                 ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-                 (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())), \
-                 current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-                 current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
-                 pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout')",
+                if with_start { CLAIM_WITH_START } else { CLAIM },
                 &[(&token, tokio_postgres::types::Type::TEXT)],
             )
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
         let row = first_row(&rows, "the session claim")?;
-        self.note_primary(row.get(8), row.get(9))?;
+        self.note_primary(row.get(7), row.get(8))?;
         let owner: Option<String> = row.get(0);
         // The first statement of a fresh backend: every function, operator
         // and cast it names costs catalog lookups there (BENCHMARKS.md, CLI
-        // start). So settings come as text, the start time and the address
-        // in binary (no `extract(..)::text`, no `host()`), and no view.
+        // start). So settings come as text, the address in binary (no
+        // `host()`), and no view.
         let setting = |i: usize| -> u64 {
             row.get::<_, Option<String>>(i)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
         let _ = self.lock_table.set(LockTable {
-            per_transaction: setting(3).max(1),
-            slots: (setting(4) + setting(5)).max(1),
+            per_transaction: setting(2).max(1),
+            slots: (setting(3) + setting(4)).max(1),
         });
-        if owner.as_deref() == Some(token.as_str()) {
-            let addr = row.get::<_, Option<std::net::IpAddr>>(6).map(|a| a.to_string());
-            let _ = self.server_end.set((addr, row.get(7)));
-            let timed = row.get::<_, Option<String>>(10).is_some_and(|t| t != "0");
-            self.statement_timeout
-                .store(timed, std::sync::atomic::Ordering::Relaxed);
-            let _ = self.claim.set(Claim {
-                token,
-                pid: row.get(1),
-                started: row.get(2),
-            });
-        } else {
-            self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         self.heard_from_server();
-        self.check_direct().await;
+        if owner.as_deref() != Some(token.as_str()) {
+            self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        }
+        let addr = row.get::<_, Option<std::net::IpAddr>>(5).map(|a| a.to_string());
+        let _ = self.server_end.set((addr, row.get(6)));
+        let timed = row.get::<_, Option<String>>(9).is_some_and(|t| t != "0");
+        self.statement_timeout
+            .store(timed, std::sync::atomic::Ordering::Relaxed);
+        let pid = row.get(1);
+        let started = match with_start {
+            true => row.get(10),
+            // Direct: nothing can move this connection to another server
+            // session, so [`moved`](Self::moved) never needs the start.
+            false if self.check_direct().await => None,
+            false => match self.session_start(&token).await? {
+                Some(started) => Some(started),
+                // Moved off the session it claimed before any lock statement
+                // went there: that session holds nothing of ours, and this
+                // connection stays unclaimed.
+                None => {
+                    self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Ok(());
+                }
+            },
+        };
+        let _ = self.claim.set(Claim { token, pid, started });
         Ok(())
+    }
+
+    /// The start of the server session this connection claimed with
+    /// `token`, which with its pid names it for [`moved`](Self::moved);
+    /// `None` if this statement ran on another session (a pooler moved the
+    /// connection since the claim). A statement of its own, asked only
+    /// where a pooler may be in between: on a fresh backend, the function
+    /// costs more than the rest of the claim (BENCHMARKS.md, CLI start).
+    /// `pg_is_in_recovery()` is volatile: a load-balancing pooler (pgpool-II)
+    /// sends the statement to the primary, where the claim went.
+    async fn session_start(&self, token: &str) -> Result<Option<std::time::SystemTime>> {
+        let rows = self
+            .client
+            .query_typed(
+                "SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()) \
+                 WHERE current_setting('dbmutex.owner', true) = $1 AND NOT pg_is_in_recovery()",
+                &[(&token, tokio_postgres::types::Type::TEXT)],
+            )
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        self.heard_from_server();
+        Ok(rows.first().map(|r| r.get(0)))
     }
 
     /// Refuses a hot standby ([`ON_A_STANDBY`], a connect error) on a
@@ -132,15 +165,16 @@ impl PgConn {
     /// Decides whether this claimed connection reaches the server directly
     /// (resolving the dialed host name if it is one); if it does, asks the
     /// server to watch for our vanishing (`liveness.rs`).
-    async fn check_direct(self: &Arc<Self>) {
+    async fn check_direct(self: &Arc<Self>) -> bool {
         let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
-            return;
+            return false;
         };
         let direct = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
         self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
         if direct {
             self.ask_server_to_watch();
         }
+        direct
     }
 
     /// Whether [`check_direct`](Self::check_direct) found the server itself
@@ -224,6 +258,25 @@ impl PgConn {
         self.lost.send_replace(true);
     }
 }
+
+/// The claim (see [`PgConn::claim`]): the session's owner (ours, if it had
+/// none), its pid, the lock table's settings, the server's address and
+/// port, whether it is a writable primary, and its `statement_timeout`.
+const CLAIM: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
+     THEN set_config('dbmutex.owner', $1, false) \
+     ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
+     current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
+     current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
+     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout')";
+
+/// [`CLAIM`] and the session's start, in one statement.
+const CLAIM_WITH_START: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
+     THEN set_config('dbmutex.owner', $1, false) \
+     ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
+     current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
+     current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
+     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
+     (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()))";
 
 /// The one row a statement of the claim's returns (`what` names it in the
 /// error otherwise).
