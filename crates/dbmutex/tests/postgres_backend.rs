@@ -857,46 +857,50 @@ async fn server_default_lock_timeout_does_not_cut_unbounded_waits() {
     g.release().await.unwrap();
 }
 
-/// A `statement_timeout` set as a role's, database's or URL's default cuts
-/// no wait short either: a server-side timer armed when the wait statement
-/// starts cannot be disarmed from inside it, so dbmutex's own sessions do
-/// not wait in one statement while one is set. Every wait below outlives
-/// the 300 ms default and then gets the lock.
+/// A `statement_timeout` or `lock_timeout` set as a role's, database's or
+/// URL's default cuts no wait short: a server-side timer armed when the
+/// wait statement starts cannot be disarmed from inside it, so dbmutex's
+/// own sessions do not wait in one statement while a `statement_timeout`
+/// is set, and a wait without a bound sets `lock_timeout` for itself only
+/// where the session has one (else it is the plain `pg_advisory_lock`).
+/// Every wait below outlives the 300 ms default and then gets the lock.
 #[tokio::test]
-async fn server_default_statement_timeout_does_not_cut_waits() {
+async fn server_default_timeouts_do_not_cut_waits() {
     let url = pg_url();
     let sep = if url.contains('?') { '&' } else { '?' };
-    let impatient = format!("{url}{sep}options=-c%20statement_timeout%3D300");
     let holder = Backend::Postgres.locker().await;
-    let l = Backend::Postgres.connect(Locker::builder(&impatient)).await;
-    let within = Some(Duration::from_secs(20));
-    for opts in [
-        LockOptions::new(),
-        LockOptions::new().timeout(Duration::from_secs(20)),
-        server_wait(within),
-        server_wait(None).transaction(true),
-    ] {
-        let name = unique("stmt-to");
-        // Twice: the second wait on a name contended lately goes straight
-        // to the lock session's wait.
-        for round in 0..2 {
-            let g = holder.lock(name.as_str()).await.unwrap();
-            let (l2, n2, o2) = (l.clone(), name.clone(), opts.clone());
-            let waiter = tokio::spawn(async move { l2.acquire(n2.as_str(), &o2).await });
-            tokio::time::sleep(Duration::from_millis(900)).await;
-            assert!(
-                !waiter.is_finished(),
-                "{opts:?}, round {round}: gave up early: {:?}",
-                waiter.await
-            );
-            g.release().await.unwrap();
-            let got = tokio::time::timeout(Duration::from_secs(10), waiter)
-                .await
-                .expect("the waiter gets the lock once it is free")
-                .unwrap();
-            match got {
-                Ok(Some(g)) => g.release().await.unwrap(),
-                other => panic!("{opts:?}, round {round}: {other:?}"),
+    for setting in ["statement_timeout", "lock_timeout"] {
+        let impatient = format!("{url}{sep}options=-c%20{setting}%3D300");
+        let l = Backend::Postgres.connect(Locker::builder(&impatient)).await;
+        let within = Some(Duration::from_secs(20));
+        for opts in [
+            LockOptions::new(),
+            LockOptions::new().timeout(Duration::from_secs(20)),
+            server_wait(within),
+            server_wait(None).transaction(true),
+        ] {
+            let name = unique("default-to");
+            // Twice: the second wait on a name contended lately goes straight
+            // to the lock session's wait.
+            for round in 0..2 {
+                let g = holder.lock(name.as_str()).await.unwrap();
+                let (l2, n2, o2) = (l.clone(), name.clone(), opts.clone());
+                let waiter = tokio::spawn(async move { l2.acquire(n2.as_str(), &o2).await });
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                assert!(
+                    !waiter.is_finished(),
+                    "{setting}, {opts:?}, round {round}: gave up early: {:?}",
+                    waiter.await
+                );
+                g.release().await.unwrap();
+                let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+                    .await
+                    .expect("the waiter gets the lock once it is free")
+                    .unwrap();
+                match got {
+                    Ok(Some(g)) => g.release().await.unwrap(),
+                    other => panic!("{setting}, {opts:?}, round {round}: {other:?}"),
+                }
             }
         }
     }

@@ -105,6 +105,19 @@ async fn wait_session_one(
             .query_typed(&sql, &typed)
             .await
             .map(|rows| rows.len() == 1)
+    } else if deadline.millis_left().is_none() && conn.has_no_lock_timeout() {
+        // No bound, and no timeout in force to clear (`wait_dedicated`
+        // sends none here with a `statement_timeout`): the plain wait.
+        match conn.prepared_unbounded_wait(opts.mode, &key).await {
+            Ok(stmt) => {
+                let (values, n) = params.key_values();
+                conn.client
+                    .execute(stmt, &values[..n])
+                    .await
+                    .map(|rows| rows == 1)
+            }
+            Err(e) => Err(e),
+        }
     } else {
         match conn.prepared_wait(opts.mode, &key).await {
             Ok(stmt) => {

@@ -73,12 +73,14 @@ impl PgConn {
         }
         let addr = row.get::<_, Option<std::net::IpAddr>>(5).map(|a| a.to_string());
         let _ = self.server_end.set((addr, row.get(6)));
-        let timed = row.get::<_, Option<String>>(9).is_some_and(|t| t != "0");
+        let in_force = |i: usize| row.get::<_, Option<String>>(i).is_some_and(|t| t != "0");
         self.statement_timeout
-            .store(timed, std::sync::atomic::Ordering::Relaxed);
+            .store(in_force(9), std::sync::atomic::Ordering::Relaxed);
+        self.lock_timeout
+            .store(in_force(10), std::sync::atomic::Ordering::Relaxed);
         let pid = row.get(1);
         let started = match with_start {
-            true => row.get(10),
+            true => row.get(11),
             // Direct: nothing can move this connection to another server
             // session, so [`moved`](Self::moved) never needs the start.
             false if self.check_direct().await => None,
@@ -190,6 +192,13 @@ impl PgConn {
         self.statement_timeout.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether the claim found no `lock_timeout` in force: a wait without a
+    /// bound then needs no settings of its own (see
+    /// [`prepared_unbounded_wait`](Self::prepared_unbounded_wait)).
+    pub(crate) fn has_no_lock_timeout(&self) -> bool {
+        !self.lock_timeout.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether the claim found a writable primary (not in recovery, not
     /// read-only).
     pub(crate) fn is_writable(&self) -> bool {
@@ -261,13 +270,15 @@ impl PgConn {
 
 /// The claim (see [`PgConn::claim`]): the session's owner (ours, if it had
 /// none), its pid, the lock table's settings, the server's address and
-/// port, whether it is a writable primary, and its `statement_timeout`.
+/// port, whether it is a writable primary, and its `statement_timeout` and
+/// `lock_timeout`.
 const CLAIM: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
      THEN set_config('dbmutex.owner', $1, false) \
      ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
      current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
      current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
-     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout')";
+     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
+     current_setting('lock_timeout')";
 
 /// [`CLAIM`] and the session's start, in one statement.
 const CLAIM_WITH_START: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
@@ -276,7 +287,7 @@ const CLAIM_WITH_START: &str = "SELECT CASE WHEN coalesce(current_setting('dbmut
      current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
      current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
      pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
-     (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()))";
+     current_setting('lock_timeout'), (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()))";
 
 /// The one row a statement of the claim's returns (`what` names it in the
 /// error otherwise).

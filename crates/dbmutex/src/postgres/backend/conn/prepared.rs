@@ -75,6 +75,26 @@ impl PgConn {
         Ok(self.statements[at].get_or_init(|| s))
     }
 
+    /// `SELECT pg_advisory_lock*($1[, $2]) WHERE <guard>` for `mode` and
+    /// `key`'s form, prepared on first use and cached for the connection:
+    /// a wait without a bound on a session with no `statement_timeout` and
+    /// no `lock_timeout` in force (as the claim read them), where
+    /// [`prepared_wait`](Self::prepared_wait)'s two `set_config`s would set
+    /// what is already so. The raw floor's statement and the claim check.
+    pub(crate) async fn prepared_unbounded_wait(
+        &self,
+        mode: Mode,
+        key: &PgKey,
+    ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
+        // The wait slots are 4..8: the same order, less the call.
+        let at = slot(Call::Wait, mode, key) - 4;
+        if let Some(s) = self.unbounded_waits[at].get() {
+            return Ok(s);
+        }
+        let s = self.prepare_one(Call::Wait, mode, key).await?;
+        Ok(self.unbounded_waits[at].get_or_init(|| s))
+    }
+
     async fn prepare_one(
         &self,
         call: Call,

@@ -91,6 +91,9 @@ pub(crate) struct PgConn {
     /// slot per call, mode and key form (see `prepared.rs`): the hot path
     /// finds one with no SQL text, no hash and no lock, and borrows it.
     pub(super) statements: [std::sync::OnceLock<tokio_postgres::Statement>; 12],
+    /// Prepared waits without a bound (see `prepared.rs`), one per mode and
+    /// key form: no settings to set, as none is in force.
+    pub(super) unbounded_waits: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
     /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]):
     /// bit `prepared::slot(call, mode, key)` each (read on every try: no
     /// lock, no hash).
@@ -130,6 +133,9 @@ pub(crate) struct PgConn {
     /// as one statement, whose timer that setting arms before the
     /// statement can clear it.
     pub(super) statement_timeout: std::sync::atomic::AtomicBool,
+    /// Whether the claim found a `lock_timeout` in force on the session:
+    /// then even a wait without a bound sets it (to `0`) for itself.
+    pub(super) lock_timeout: std::sync::atomic::AtomicBool,
 }
 
 impl PgConn {
@@ -174,6 +180,7 @@ impl PgConn {
             beat_mode: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
+            unbounded_waits: Default::default(),
             executed: Default::default(),
             last_name: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
@@ -190,6 +197,7 @@ impl PgConn {
             server_major,
             writable: Default::default(),
             statement_timeout: Default::default(),
+            lock_timeout: Default::default(),
         })
     }
 
