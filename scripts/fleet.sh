@@ -54,7 +54,10 @@ as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
 URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
 
 cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
-BENCH="${CARGO_TARGET_DIR:-target}/release/dbmutex-bench"
+# A copy, so that a build started beside the run cannot change the binary
+# between its rounds.
+cp "${CARGO_TARGET_DIR:-target}/release/dbmutex-bench" "$dir/dbmutex-bench"
+BENCH="$dir/dbmutex-bench"
 
 for _ in $(seq "$LOAD"); do
     sh -c 'while :; do :; done' &

@@ -268,26 +268,30 @@ impl PgConn {
     }
 }
 
-/// The claim (see [`PgConn::claim`]): the session's owner (ours, if it had
-/// none), its pid, the lock table's settings, the server's address and
-/// port, whether it is a writable primary, and its `statement_timeout` and
-/// `lock_timeout`.
-const CLAIM: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
-     THEN set_config('dbmutex.owner', $1, false) \
-     ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-     current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-     current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
-     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
-     current_setting('lock_timeout')";
+/// The claim's columns (see [`PgConn::claim`]): the session's owner (ours,
+/// if it had none), its pid, the lock table's settings, the server's
+/// address and port, whether it is a writable primary, and its
+/// `statement_timeout` and `lock_timeout`.
+macro_rules! claim_columns {
+    () => {
+        "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
+         THEN set_config('dbmutex.owner', $1, false) \
+         ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
+         current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
+         current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
+         pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
+         current_setting('lock_timeout')"
+    };
+}
+
+/// The claim.
+const CLAIM: &str = claim_columns!();
 
 /// [`CLAIM`] and the session's start, in one statement.
-const CLAIM_WITH_START: &str = "SELECT CASE WHEN coalesce(current_setting('dbmutex.owner', true), '') = '' \
-     THEN set_config('dbmutex.owner', $1, false) \
-     ELSE current_setting('dbmutex.owner', true) END, pg_backend_pid(), \
-     current_setting('max_locks_per_transaction'), current_setting('max_connections'), \
-     current_setting('max_prepared_transactions'), inet_server_addr(), inet_server_port(), \
-     pg_is_in_recovery(), current_setting('transaction_read_only'), current_setting('statement_timeout'), \
-     current_setting('lock_timeout'), (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()))";
+const CLAIM_WITH_START: &str = concat!(
+    claim_columns!(),
+    ", (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid()))"
+);
 
 /// The one row a statement of the claim's returns (`what` names it in the
 /// error otherwise).
