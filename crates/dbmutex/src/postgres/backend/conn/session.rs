@@ -39,7 +39,8 @@ pub(crate) struct Claim {
     /// 32 hex digits.
     pub(crate) token: String,
     /// The claimed session's backend pid and start, to end it if we are
-    /// ever moved away from it while it holds our locks.
+    /// ever moved away from it while it holds our locks. No start on a
+    /// connection found direct, which nothing can move (`claim.rs`).
     pub(super) pid: i32,
     pub(super) started: Option<std::time::SystemTime>,
 }
