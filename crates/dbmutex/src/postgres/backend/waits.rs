@@ -105,7 +105,7 @@ async fn wait_session_one(
             .query_typed(&sql, &typed)
             .await
             .map(|rows| rows.len() == 1)
-    } else if deadline.millis_left().is_none() && conn.has_no_lock_timeout() {
+    } else if deadline == Deadline::NEVER && conn.has_no_lock_timeout() {
         // No bound, and no timeout in force to clear (`wait_dedicated`
         // sends none here with a `statement_timeout`): the plain wait.
         match conn.prepared_unbounded_wait(opts.mode, &key).await {

@@ -18,7 +18,13 @@ pub(super) fn slot(call: Call, mode: Mode, key: &PgKey) -> usize {
         Call::Wait => 1,
         Call::Unlock => 2,
     };
-    call * 4 + usize::from(mode == Mode::Shared) * 2 + usize::from(matches!(key, PgKey::Big(_)))
+    call * 4 + form(mode, key)
+}
+
+/// The slot of `mode` and `key`'s form among the 4 of one call (as in
+/// `PgConn::unbounded_waits`).
+fn form(mode: Mode, key: &PgKey) -> usize {
+    usize::from(mode == Mode::Shared) * 2 + usize::from(matches!(key, PgKey::Big(_)))
 }
 
 impl PgConn {
@@ -86,8 +92,7 @@ impl PgConn {
         mode: Mode,
         key: &PgKey,
     ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
-        // The wait slots are 4..8: the same order, less the call.
-        let at = slot(Call::Wait, mode, key) - 4;
+        let at = form(mode, key);
         if let Some(s) = self.unbounded_waits[at].get() {
             return Ok(s);
         }
