@@ -282,13 +282,13 @@ impl Drop for Inside {
 /// name `rounds` times each (scoped calls, so a lost lock stops its
 /// section), session locks or (`xact`) transaction locks.
 async fn contend(bouncer: &PgBouncer, name: &str, clients: usize, rounds: usize, xact: bool) -> Seen {
-    contend_with(bouncer, name, clients, rounds, xact, false).await
+    contend_with(&bouncer.url(), name, clients, rounds, xact, false).await
 }
 
-/// As [`contend`]; with `unchecked`, the lockers skip the connect-time
-/// pooler check, as if the pooler had slipped past it.
+/// As [`contend`], through `url`; with `unchecked`, the lockers skip the
+/// connect-time pooler check, as if the pooler had slipped past it.
 async fn contend_with(
-    bouncer: &PgBouncer,
+    url: &str,
     name: &str,
     clients: usize,
     rounds: usize,
@@ -299,7 +299,7 @@ async fn contend_with(
     let overlaps = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (url, name) = (bouncer.url(), name.to_owned());
+        let (url, name) = (url.to_owned(), name.to_owned());
         let (inside, overlaps) = (inside.clone(), overlaps.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen = Seen::default();
@@ -472,7 +472,7 @@ async fn per_statement_checks_alone(round_robin: bool) {
     warm(&bouncer, 2).await;
     for clients in [2, 40] {
         let name = unique("pgb-unchecked");
-        let seen = contend_with(&bouncer, &name, clients, 50, false, true).await;
+        let seen = contend_with(&bouncer.url(), &name, clients, 50, false, true).await;
         println!("unchecked, round robin {round_robin}, {clients} clients: {seen:?}");
         assert_eq!(seen.overlaps, 0, "two holders at once: {seen:?}");
         assert!(
@@ -503,6 +503,116 @@ async fn per_statement_checks_alone_round_robin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_statement_checks_alone_lifo() {
     per_statement_checks_alone(false).await;
+}
+
+/// A transaction pooler put in front of the server by a port redirect
+/// (nftables, in a private network namespace): clients dial the server's
+/// own address and port, and so does the pooler, so the server's end of
+/// every session is what the client dialed. The session is not at the other
+/// end of the client's own socket, though (the server sees the pooler's
+/// port as its client's), and that is what tells:
+/// - a default locker runs the connect-time pooler check and refuses
+///   session locks;
+/// - with that check skipped, lock statements never go protocol-prepared,
+///   the claim check stays in each, a holder the pooler moves is told and
+///   its former server session ended (its lock not left there), and 2 and
+///   then 40 clients on 2 server sessions never hold at once.
+#[test]
+fn a_pooler_behind_a_port_redirect_keeps_the_claim_check() {
+    if !common::netns::inside() {
+        return common::netns::in_netns("a_pooler_behind_a_port_redirect_keeps_the_claim_check");
+    }
+    let pg = common::private_pg::PrivatePg::start(&[("listen_addresses", "'127.0.0.1,127.0.0.2'")]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let bouncer = PgBouncer::start_in_front_of(("127.0.0.2", pg.port()), "transaction", 2, false, "").await;
+        // Over 127.0.0.1, opened before the redirect: the server itself.
+        let watcher = pg.raw().await;
+        common::netns::redirect(("127.0.0.2", pg.port()), bouncer.port());
+        let url = pg.url().replace("@127.0.0.1:", "@127.0.0.2:");
+        // One client alone on the pooler, its statements all on one server
+        // session: its second lock of a kind would go protocol-prepared on
+        // a direct connection.
+        let app = unique("redirect");
+        let alone = Locker::builder(&format!("{url}&application_name={app}"))
+            .skip_pooler_check_for_tests()
+            .connect()
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let g = alone.try_lock("redirect-alone").await.unwrap().expect("free");
+            let text = last_lock_statement(&watcher, &app).await;
+            g.release().await.unwrap();
+            assert!(
+                text.starts_with("PREPARE dbmutex_") || text.starts_with("EXECUTE dbmutex_"),
+                "behind the redirect: {text:?}"
+            );
+        }
+        // Moved while it holds a lock: another client's transaction takes
+        // its server session, its next statement goes to another one. It is
+        // told, and its former session is ended (found by the start the
+        // claim read), so the lock is not left there.
+        let held = alone.try_lock("redirect-held").await.unwrap().expect("free");
+        let pin = bouncer.raw().await;
+        pin.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let moved = alone.try_lock("redirect-other").await;
+        assert!(!matches!(moved, Ok(Some(_))), "a lock granted on another client's session: {moved:?}");
+        tokio::time::timeout(Duration::from_secs(5), held.lost())
+            .await
+            .expect("the move is reported");
+        assert!(
+            common::eventually(Duration::from_secs(5), || async {
+                held_anywhere(&watcher, "redirect-held").await == 0
+            })
+            .await,
+            "the moved holder's lock stayed on its former server session"
+        );
+        drop((pin, alone));
+        warm(&bouncer, 2).await;
+        for clients in [2, 40] {
+            let name = unique("pgb-redirect");
+            let seen = contend_with(&url, &name, clients, 50, false, true).await;
+            println!("behind a redirect, {clients} clients: {seen:?}");
+            assert_eq!(seen.overlaps, 0, "two holders at once: {seen:?}");
+            // Also what shows the pooler is there: a direct connection is
+            // never moved.
+            assert!(
+                seen.refused + seen.lost > 0,
+                "{clients} clients on 2 server sessions: some statement must have met another's session: {seen:?}"
+            );
+            let (w, n) = (&watcher, name.as_str());
+            assert!(
+                common::eventually(Duration::from_secs(5), || async move { held_anywhere(w, n).await == 0 }).await,
+                "a lock stayed on a pooled server session after every client left"
+            );
+        }
+        // Claims stay on the pooled sessions: a later client is refused
+        // whatever it checks. A fresh pooler for the default locker.
+        let fresh = PgBouncer::start_in_front_of(("127.0.0.2", pg.port()), "transaction", 2, false, "").await;
+        common::netns::redirect(("127.0.0.2", pg.port()), fresh.port());
+        let default = Locker::connect(&url).await.unwrap();
+        let refused = default.try_lock("redirect-default").await;
+        assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
+        drop(default);
+    });
+}
+
+/// The text of the last lock statement the server session of the client
+/// named `app` ran (its try, prepared or `EXECUTE`d).
+async fn last_lock_statement(watcher: &tokio_postgres::Client, app: &str) -> String {
+    watcher
+        .query_one(
+            "SELECT query FROM pg_stat_activity WHERE application_name = $1 \
+             AND (query LIKE '%advisory_lock%' OR query LIKE 'EXECUTE dbmutex_%')",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// A holder the pooler moves to another server session while it holds a
@@ -717,6 +827,14 @@ async fn statements_are_protocol_prepared_only_on_a_direct_connection() {
         assert!(
             last.contains(want) && prepared == want.starts_with("SELECT"),
             "through {base}: the lock session last ran {last:?}"
+        );
+        // Directly, the session is at the other end of our own socket:
+        // nothing can move it, and the statement is the raw one, with no
+        // claim check. Through the pooler the check stays.
+        assert_eq!(
+            last == "SELECT pg_try_advisory_lock($1, $2)",
+            base == common::pg_url(),
+            "through {base}: {last:?}"
         );
         g.release().await.unwrap();
         assert!(common::free_for(&locker, &name).await);

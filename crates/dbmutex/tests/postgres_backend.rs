@@ -1218,6 +1218,47 @@ async fn default_wait_polls_when_the_server_is_full() {
     drop(fill);
 }
 
+/// A wait in the server that is dropped is cancelled there at once (a
+/// cancel request over a socket of its own, to the address the connection
+/// dialed), not left queued behind the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_server_wait_is_cancelled_in_the_server() {
+    let app = unique("cancelled-wait");
+    let locker = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).application_name(&app))
+        .await;
+    let holder = Backend::Postgres.locker().await;
+    let name = unique("cancelled-wait");
+    let g = holder.lock(name.as_str()).await.unwrap();
+    let raw = pg_raw().await;
+    let waiting = || async {
+        raw.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    let w = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move { locker.lock(name.as_str()).await.map(|_| ()) }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(5), || async { waiting().await == 1 }).await,
+        "the waiter waits in the server"
+    );
+    w.abort();
+    // Without the cancel, the server would notice the closed socket by
+    // itself, up to `client_connection_check_interval` (1 s here, as
+    // dbmutex sets it: `liveness.rs`) after the wait began.
+    assert!(
+        common::eventually(Duration::from_millis(500), || async { waiting().await == 0 }).await,
+        "the dropped wait still waits in the server while the lock is held"
+    );
+    g.release().await.unwrap();
+}
+
 /// `max_server_waits(0)`: every wait polls the lock session; none waits in
 /// the server (nothing of the locker's shows a `Lock` wait), and it still
 /// gets the lock once the holder lets go.

@@ -252,14 +252,15 @@ fn literal(value: &str) -> String {
 }
 
 /// [`BoundedWait`] for a lock session's wait, prepared once per connection
-/// with its claim token `owner` inlined: the same text for every name,
-/// bound as [`Params::key_values`] and then [`lock_timeout`].
-pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey, owner: &str) -> String {
+/// with its claim token `owner` inlined (`None`: no claim check, on a
+/// connection nothing can move): the same text for every name, bound as
+/// [`Params::key_values`] and then [`lock_timeout`].
+pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey, owner: Option<&str>) -> String {
     BoundedWait {
         xact: false,
         mode,
         key,
-        claim: Some(owner),
+        claim: owner,
         comment: None,
         within: Within::Autocommit,
         form: Form::Bound,
@@ -268,18 +269,25 @@ pub(crate) fn bounded_wait_plain(mode: Mode, key: &PgKey, owner: &str) -> String
 }
 
 /// `SELECT fn($1[, $2]) WHERE <guard>` with the claim token inlined, for a
-/// server-side `PREPARE` (the token is hex digits: nothing to escape).
-pub(crate) fn prepared_body(call: Call, mode: Mode, key: &PgKey, owner: &str) -> String {
-    debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
+/// prepared statement (the token is hex digits: nothing to escape);
+/// without the guard when `owner` is `None` (a connection nothing can
+/// move: `direct.rs`'s `is_own_socket`).
+pub(crate) fn prepared_body(call: Call, mode: Mode, key: &PgKey, owner: Option<&str>) -> String {
     let args = match key {
         PgKey::Big(_) => "$1",
         _ => "$1, $2",
     };
-    format!(
-        "SELECT {}({args}) WHERE {}",
-        function(call, false, mode),
-        guard(false, key, &format!("'{owner}'"))
-    )
+    let f = function(call, false, mode);
+    match owner {
+        Some(owner) => {
+            debug_assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
+            format!(
+                "SELECT {f}({args}) WHERE {}",
+                guard(false, key, &format!("'{owner}'"))
+            )
+        }
+        None => format!("SELECT {f}({args})"),
+    }
 }
 
 /// `SELECT fn(k1, k2) WHERE <guard> /* name */` with the integers and the

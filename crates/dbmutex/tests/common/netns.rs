@@ -153,3 +153,19 @@ impl Silence {
         sh(&format!("nft flush chain {SILENCE} in"));
     }
 }
+
+/// Sends every new connection root opens to `to` (host and port) on to
+/// local port `port` instead (nftables `redirect`): a proxy put in front
+/// of a server without its clients knowing. Connections already open, and
+/// those of other users (a proxy running as `postgres`), go where they
+/// were dialed. A later call replaces the earlier one's redirect.
+pub fn redirect(to: (&str, u16), port: u16) {
+    assert!(inside(), "a redirect only inside the test's network namespace");
+    sh("nft add table ip dbmutex_redirect");
+    sh("nft add chain ip dbmutex_redirect out '{ type nat hook output priority -100; }'");
+    sh("nft flush chain ip dbmutex_redirect out");
+    sh(&format!(
+        "nft add rule ip dbmutex_redirect out meta skuid 0 ip daddr {} tcp dport {} redirect to :{port}",
+        to.0, to.1
+    ));
+}

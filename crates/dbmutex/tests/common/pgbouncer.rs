@@ -35,6 +35,18 @@ impl PgBouncer {
     /// As [`PgBouncer::start_with`], with `extra` (lines of `key = value`)
     /// appended to the `[pgbouncer]` section, e.g. a `server_reset_query`.
     pub async fn start_configured(pool_mode: &str, pool: usize, round_robin: bool, extra: &str) -> PgBouncer {
+        Self::start_in_front_of(("127.0.0.1", 5432), pool_mode, pool, round_robin, extra).await
+    }
+
+    /// As [`PgBouncer::start_configured`], in front of the server at
+    /// `server` (host and port) in place of the shared test server.
+    pub async fn start_in_front_of(
+        server: (&str, u16),
+        pool_mode: &str,
+        pool: usize,
+        round_robin: bool,
+        extra: &str,
+    ) -> PgBouncer {
         let dir = std::env::temp_dir().join(unique("pgbouncer"));
         std::fs::create_dir_all(&dir).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -49,7 +61,7 @@ impl PgBouncer {
             &ini,
             format!(
                 "[databases]\n\
-                 test = host=127.0.0.1 port=5432 dbname=test\n\
+                 test = host={} port={} dbname=test\n\
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\
@@ -62,6 +74,8 @@ impl PgBouncer {
                  max_client_conn = 200\n\
                  ignore_startup_parameters = extra_float_digits,options\n\
                  {extra}\n",
+                server.0,
+                server.1,
                 users.display(),
                 rr = u8::from(round_robin),
             ),
@@ -93,6 +107,10 @@ impl PgBouncer {
 
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/test?sslmode=disable", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn log(&self) -> String {

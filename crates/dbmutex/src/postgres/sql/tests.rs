@@ -54,12 +54,22 @@ fn names() {
 #[test]
 fn prepared_bodies_inline_only_the_token() {
     assert_eq!(
-        prepared_body(Call::Try, Mode::Shared, &PgKey::Pair(1, 2), "ab12"),
+        prepared_body(Call::Try, Mode::Shared, &PgKey::Pair(1, 2), Some("ab12")),
         "SELECT pg_try_advisory_lock_shared($1, $2) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
     );
     assert_eq!(
-        prepared_body(Call::Unlock, Mode::Exclusive, &PgKey::Big(9), "ab12"),
+        prepared_body(Call::Unlock, Mode::Exclusive, &PgKey::Big(9), Some("ab12")),
         "SELECT pg_advisory_unlock($1) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
+    );
+    assert_eq!(
+        prepared_body(Call::Wait, Mode::Exclusive, &PgKey::Pair(1, 2), None),
+        "SELECT pg_advisory_lock($1, $2)",
+        "on a connection nothing can move: the raw statement"
+    );
+    assert_eq!(
+        bounded_wait_plain(Mode::Shared, &PgKey::Big(3), None),
+        "SELECT set_config('lock_timeout', $2, true), set_config('statement_timeout', '0', true), \
+         pg_advisory_lock_shared($1)"
     );
 }
 
@@ -88,7 +98,10 @@ async fn bounded_waits() {
         "SELECT set_config('lock_timeout', $3, true), set_config('statement_timeout', '0', true), \
              pg_advisory_lock($1, $2) WHERE current_setting('dbmutex.owner', true) = 'ab12'"
     );
-    assert_eq!(prepared.text(), bounded_wait_plain(Mode::Exclusive, &key, "ab12"));
+    assert_eq!(
+        prepared.text(),
+        bounded_wait_plain(Mode::Exclusive, &key, Some("ab12"))
+    );
     assert_eq!(prepared.rows(), 1);
     assert_eq!(
         BoundedWait {

@@ -38,10 +38,11 @@ impl PgConn {
     /// that may have a pooler in between, [`session_start`](Self::session_start).
     async fn claim_now(self: &Arc<Self>) -> Result<()> {
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        // Without one TCP host dialed, the connection is never found direct
-        // (`check_direct`): the session's start comes with the claim, no
-        // extra round trip. Else it is asked only if not direct (below).
-        let with_start = self.dialed.is_none();
+        // Without a socket we dialed ourselves, the session is never found
+        // at its other end (`direct.rs`'s `is_own_socket`): the session's
+        // start comes with the claim, no extra round trip. Else it is asked
+        // only if the session is not at the other end (below).
+        let with_start = self.ends.is_none();
         let rows = self
             .client
             .query_typed(
@@ -79,12 +80,21 @@ impl PgConn {
         self.lock_timeout
             .store(in_force(10), std::sync::atomic::Ordering::Relaxed);
         let pid = row.get(1);
-        let started = match with_start {
-            true => row.get(11),
-            // Direct: nothing can move this connection to another server
-            // session, so [`moved`](Self::moved) never needs the start.
-            false if self.check_direct().await => None,
-            false => match self.session_start(&token).await? {
+        let client_end = match with_start {
+            true => (None, None),
+            false => (row.get(11), row.get(12)),
+        };
+        let own = self.check_direct(client_end).await && self.ends.is_some();
+        self.own_socket.store(own, std::sync::atomic::Ordering::Relaxed);
+        let started = if with_start {
+            row.get(11)
+        } else if own {
+            // At the other end of our own socket: nothing can move this
+            // connection to another server session, so
+            // [`moved`](Self::moved) never needs the start.
+            None
+        } else {
+            match self.session_start(&token).await? {
                 Some(started) => Some(started),
                 // Moved off the session it claimed before any lock statement
                 // went there: that session holds nothing of ours, and this
@@ -93,7 +103,7 @@ impl PgConn {
                     self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
                     return Ok(());
                 }
-            },
+            }
         };
         let _ = self.claim.set(Claim { token, pid, started });
         Ok(())
@@ -165,17 +175,27 @@ impl PgConn {
     }
 
     /// Decides whether this claimed connection reaches the server directly
-    /// (resolving the dialed host name if it is one); if it does, asks the
-    /// server to watch for our vanishing (`liveness.rs`).
-    async fn check_direct(self: &Arc<Self>) -> bool {
+    /// (resolving the dialed host name if it is one): the server answers on
+    /// the address and port we dialed and, where we dialed the socket
+    /// ourselves, sees our own end of it as its client (`client_end`, as
+    /// `inet_client_addr()` and `inet_client_port()`): a pooler behind a
+    /// port redirect dials the server where the client did, from an end of
+    /// its own. If the server answers where we dialed, asks it to watch for
+    /// its client's vanishing (`liveness.rs`).
+    async fn check_direct(self: &Arc<Self>, client_end: (Option<std::net::IpAddr>, Option<i32>)) -> bool {
         let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
             return false;
         };
-        let direct = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
-        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
-        if direct {
+        let answers = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
+        if answers {
             self.ask_server_to_watch();
         }
+        let direct = answers
+            && self
+                .ends
+                .as_ref()
+                .is_none_or(|e| super::direct::is_own_socket(e.local, client_end.0, client_end.1));
+        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
         direct
     }
 
@@ -284,8 +304,9 @@ macro_rules! claim_columns {
     };
 }
 
-/// The claim.
-const CLAIM: &str = claim_columns!();
+/// The claim, and the server's view of its client's address and port (for
+/// `direct.rs`'s [`is_own_socket`](super::direct::is_own_socket)).
+const CLAIM: &str = concat!(claim_columns!(), ", inet_client_addr(), inet_client_port()");
 
 /// [`CLAIM`] and the session's start, in one statement.
 const CLAIM_WITH_START: &str = concat!(

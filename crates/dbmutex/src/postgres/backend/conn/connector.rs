@@ -3,8 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::{Client, Config};
 
+use super::direct::{dial_one, Dialed, Ends};
 use super::session::PgConn;
 use super::tls::{make_tls, Tls};
 use crate::redact::{pg_reason, redact_url, with_scheme};
@@ -21,6 +23,10 @@ pub(crate) struct Connector {
     pooler_seen: Arc<std::sync::atomic::AtomicBool>,
     /// The server's side of liveness (see `liveness.rs`).
     dead_peer: Duration,
+    /// The client's TCP keepalive period (idle and interval; the user
+    /// timeout is twice it), as set on `config` for tokio-postgres's dials
+    /// and applied to ours.
+    keepalive: Duration,
 }
 
 impl Connector {
@@ -110,6 +116,7 @@ impl Connector {
             tls,
             pooler_seen: Arc::default(),
             dead_peer: settings.server_dead_peer_bound(),
+            keepalive: ka,
         }
     }
 
@@ -119,6 +126,9 @@ impl Connector {
     /// claim would wait for a free server session).
     pub(crate) async fn connect(&self, settings: &Settings, claim: bool) -> Result<Arc<PgConn>> {
         let fut = async {
+            if let Some(own) = self.own_dial() {
+                return self.connect_own(own).await;
+            }
             match &self.tls {
                 Tls::Off => {
                     let (client, conn) = self
@@ -126,12 +136,12 @@ impl Connector {
                         .connect(tokio_postgres::NoTls)
                         .await
                         .map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn))
+                    Ok::<_, Error>(self.start(client, conn, None))
                 }
                 #[cfg(feature = "tls")]
                 Tls::Rustls(t) => {
                     let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn))
+                    Ok::<_, Error>(self.start(client, conn, None))
                 }
             }
         };
@@ -150,8 +160,93 @@ impl Connector {
         }
     }
 
-    /// Wraps a connected client in a [`PgConn`] of this connector.
-    fn start<S, T>(&self, client: Client, conn: tokio_postgres::Connection<S, T>) -> Arc<PgConn>
+    /// The host name and the host to dial when we dial ourselves: the
+    /// configuration names one TCP host by name (`hostaddr`, if given, is
+    /// what is dialed) and asks nothing of the session at connect
+    /// (`target_session_attrs`). Anything else (several hosts, a Unix
+    /// socket, an address with no name for TLS) is tokio-postgres's dial.
+    fn own_dial(&self) -> Option<(&str, Dialed)> {
+        let [Host::Tcp(name)] = self.config.get_hosts() else {
+            return None;
+        };
+        if self.config.get_target_session_attrs() != TargetSessionAttrs::Any {
+            return None;
+        }
+        Some((name.as_str(), Dialed::of(&self.config)?))
+    }
+
+    /// Dials `dialed` ourselves, as tokio-postgres would (each address the
+    /// host resolves to in turn, the connect timeout each, no delay, the
+    /// TCP keepalive and user timeout), and starts the session over that
+    /// socket: the connection then knows its own end of it (see
+    /// `direct.rs`), which tokio-postgres's socket does not tell.
+    async fn connect_own(&self, (name, dialed): (&str, Dialed)) -> Result<Arc<PgConn>> {
+        let stream = self.dial(&dialed).await?;
+        let ends = Ends {
+            local: stream.local_addr().map_err(|e| Error::Connect(Box::new(e)))?,
+            peer: stream.peer_addr().map_err(|e| Error::Connect(Box::new(e)))?,
+            name: name.to_owned(),
+        };
+        match &self.tls {
+            Tls::Off => {
+                let (client, conn) = self
+                    .config
+                    .connect_raw(stream, tokio_postgres::NoTls)
+                    .await
+                    .map_err(connect_err)?;
+                Ok(self.start(client, conn, Some(ends)))
+            }
+            #[cfg(feature = "tls")]
+            Tls::Rustls(t) => {
+                use tokio_postgres::tls::MakeTlsConnect;
+                let tls =
+                    <_ as MakeTlsConnect<tokio::net::TcpStream>>::make_tls_connect(&mut t.clone(), name)
+                        .map_err(|e| Error::Connect(Box::new(e)))?;
+                let (client, conn) = self.config.connect_raw(stream, tls).await.map_err(connect_err)?;
+                Ok(self.start(client, conn, Some(ends)))
+            }
+        }
+    }
+
+    /// A TCP connection to the first address of `dialed` that takes one.
+    async fn dial(&self, dialed: &Dialed) -> Result<tokio::net::TcpStream> {
+        let mut last = None;
+        let addresses = match dialed.host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => tokio::net::lookup_host((dialed.host.as_str(), dialed.port))
+                .await
+                .map_err(|e| Error::Connect(Box::new(e)))?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        for ip in addresses {
+            match dial_one(
+                (ip, dialed.port).into(),
+                self.config.get_connect_timeout(),
+                self.keepalive,
+            )
+            .await
+            {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(Error::Connect(Box::new(last.unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "could not resolve any addresses",
+            )
+        }))))
+    }
+
+    /// Wraps a connected client in a [`PgConn`] of this connector (`ends`:
+    /// of the socket, when we dialed it).
+    fn start<S, T>(
+        &self,
+        client: Client,
+        conn: tokio_postgres::Connection<S, T>,
+        ends: Option<Ends>,
+    ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -161,7 +256,8 @@ impl Connector {
             conn,
             self.tls.clone(),
             self.pooler_seen.clone(),
-            super::direct::Dialed::of(&self.config),
+            Dialed::of(&self.config),
+            ends,
             self.dead_peer,
         )
     }

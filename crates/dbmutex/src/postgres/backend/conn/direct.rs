@@ -11,13 +11,23 @@
 //! prepared form is used only where no pooler can be: the server's own
 //! address and port for this session (`inet_server_addr()`,
 //! `inet_server_port()`, asked in the claim's round trip) are the address
-//! and port we dialed. A proxy listens on an address or port of its own, and
-//! the server then reports the one the proxy dialed. Anything less certain
-//! (several hosts, a Unix socket, a name that does not resolve to the
-//! server's address, a NAT'd port) keeps the `EXECUTE` form, which is safe
+//! and port we dialed, and, where we dialed the socket ourselves (one TCP
+//! host by name: `connector.rs`), the server's client for the session
+//! (`inet_client_addr()`, `inet_client_port()`) is our own end of it. A
+//! proxy listens on an address or port of its own, and the server then
+//! reports the one the proxy dialed; a proxy put in front of the server by
+//! a port redirect dials the very address and port the client did, but
+//! from an end of its own. Anything less certain (several hosts, a Unix
+//! socket, a name that does not resolve to the server's address, a NAT'd
+//! port or address on either side) keeps the `EXECUTE` form, which is safe
 //! behind any pooler ([`Text::Executed`](super::Text::Executed)).
+//!
+//! A session at the other end of our own socket cannot be moved to another
+//! at all: its prepared statements also go without the claim check
+//! (`prepared.rs`), which is their costliest part in the server.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 use tokio_postgres::config::Host;
 use tokio_postgres::Config;
@@ -66,6 +76,42 @@ impl Dialed {
     }
 }
 
+/// Both ends of a socket we dialed ourselves, and the host name dialed (for
+/// TLS, also on a cancel request's socket).
+pub(crate) struct Ends {
+    pub(super) local: std::net::SocketAddr,
+    pub(super) peer: std::net::SocketAddr,
+    pub(super) name: String,
+}
+
+/// One TCP connection to `addr` with tokio-postgres's socket options:
+/// no delay, keepalive probes after `keepalive` idle and every `keepalive`
+/// (one unanswered is enough), unacknowledged sends given up after twice it.
+pub(crate) async fn dial_one(
+    addr: std::net::SocketAddr,
+    timeout: Option<&Duration>,
+    keepalive: Duration,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let connect = tokio::net::TcpStream::connect(addr);
+    let stream = match timeout {
+        Some(t) => tokio::time::timeout(*t, connect)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connection timed out"))??,
+        None => connect.await?,
+    };
+    stream.set_nodelay(true)?;
+    let sock = socket2::SockRef::from(&stream);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    sock.set_tcp_user_timeout(Some(keepalive * 2))?;
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(keepalive)
+        .with_interval(keepalive);
+    #[cfg(not(any(target_os = "windows", target_os = "openbsd", target_os = "haiku")))]
+    let probes = probes.with_retries(1);
+    sock.set_tcp_keepalive(&probes)?;
+    Ok(stream)
+}
+
 /// True when the server's own end of the session (`server_addr` as
 /// `host(inet_server_addr())`, `server_port` as `inet_server_port()`; both
 /// NULL over a Unix socket) is the port we dialed, on one of the addresses
@@ -83,6 +129,23 @@ pub(crate) fn is_direct(
         return false;
     };
     i32::from(dialed.port) == port && addresses.iter().any(|a| a.to_canonical() == addr.to_canonical())
+}
+
+/// True when the server's client for this session (`client_addr` as
+/// `inet_client_addr()`, `client_port` as `inet_client_port()`) is our own
+/// end of the socket we dialed (`local`): the session is at the other end of
+/// that very socket. A server that answers where we dialed
+/// ([`is_direct`]) may still be reached through a proxy that dials it at
+/// that address and port (a pooler put in front of the server by a port
+/// redirect, say); that proxy's own socket has another address or port
+/// than ours.
+pub(crate) fn is_own_socket(
+    local: std::net::SocketAddr,
+    client_addr: Option<IpAddr>,
+    client_port: Option<i32>,
+) -> bool {
+    client_port == Some(i32::from(local.port()))
+        && client_addr.is_some_and(|a| a.to_canonical() == local.ip().to_canonical())
 }
 
 #[cfg(test)]
@@ -136,6 +199,20 @@ mod tests {
         assert!(!is_direct(&d, &here, None, None));
         assert!(!is_direct(&d, &[], Some("127.0.0.1"), Some(5432)));
         assert!(!is_direct(&d, &here, Some("not an address"), Some(5432)));
+    }
+
+    #[test]
+    fn own_socket_only_when_the_server_sees_our_own_end() {
+        let ours: std::net::SocketAddr = "127.0.0.1:40001".parse().unwrap();
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert!(is_own_socket(ours, ip("127.0.0.1"), Some(40001)));
+        assert!(is_own_socket(ours, ip("::ffff:127.0.0.1"), Some(40001)));
+        // A proxy on our host dials the server from a port of its own.
+        assert!(!is_own_socket(ours, ip("127.0.0.1"), Some(40002)));
+        // One on another host, by chance from the same port number.
+        assert!(!is_own_socket(ours, ip("127.0.0.2"), Some(40001)));
+        // A Unix socket on the server side.
+        assert!(!is_own_socket(ours, None, None));
     }
 
     #[tokio::test]

@@ -54,7 +54,7 @@ impl PgConn {
         let prepared = self.has_executed(call, mode, key);
         // First use: the PREPARE goes in the same round trip as the EXECUTE.
         let prepare = (!prepared).then(|| {
-            let body = sql::prepared_body(call, mode, key, owner);
+            let body = sql::prepared_body(call, mode, key, Some(owner));
             let types = if big { "int8" } else { "int4, int4" };
             format!("PREPARE {name} ({types}) AS {body}; {exec}")
         });

@@ -76,7 +76,7 @@ impl PgConn {
         types.push(tokio_postgres::types::Type::TEXT);
         let s = self
             .client
-            .prepare_typed(&sql::bounded_wait_plain(mode, key, self.owner()), &types)
+            .prepare_typed(&sql::bounded_wait_plain(mode, key, self.checked_owner()), &types)
             .await?;
         Ok(self.statements[at].get_or_init(|| s))
     }
@@ -100,13 +100,22 @@ impl PgConn {
         Ok(self.unbounded_waits[at].get_or_init(|| s))
     }
 
+    /// The claim token this connection's prepared lock statements check
+    /// (see [`Claim`](super::Claim)); `None` where the session is at the
+    /// other end of our own socket, which nothing can move (`direct.rs`'s
+    /// `is_own_socket`): the check is the statements' costliest part in the
+    /// server (BENCHMARKS.md).
+    fn checked_owner(&self) -> Option<&str> {
+        (!self.own_socket.load(std::sync::atomic::Ordering::Relaxed)).then(|| self.owner())
+    }
+
     async fn prepare_one(
         &self,
         call: Call,
         mode: Mode,
         key: &PgKey,
     ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-        let sql = sql::prepared_body(call, mode, key, self.owner());
+        let sql = sql::prepared_body(call, mode, key, self.checked_owner());
         self.client.prepare_typed(&sql, &key_types(key)).await
     }
 }

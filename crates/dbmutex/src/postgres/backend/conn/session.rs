@@ -115,9 +115,18 @@ pub(crate) struct PgConn {
     /// The server's own address and port for the claimed session (see
     /// `direct.rs`), read by the claim.
     pub(super) server_end: std::sync::OnceLock<(Option<String>, Option<i32>)>,
-    /// The server itself answers on what we dialed, no pooler in between:
-    /// set for a lock session by [`PgConn::check_direct`].
+    /// The server itself answers on what we dialed (and, on a socket we
+    /// dialed, sees our own end as its client), no pooler in between: set
+    /// for a lock session by [`PgConn::check_direct`].
     pub(super) direct: std::sync::atomic::AtomicBool,
+    /// Both ends of our socket, when we dialed it ourselves (see
+    /// `connector.rs`).
+    pub(super) ends: Option<super::direct::Ends>,
+    /// Found direct on a socket we dialed ourselves: the claimed session is
+    /// at the other end of that very socket (see `direct.rs`). Nothing can
+    /// move this connection: its prepared lock statements carry no claim
+    /// check, and the claim needs no session start.
+    pub(super) own_socket: std::sync::atomic::AtomicBool,
     /// The bound for the server's side of liveness (see `liveness.rs`).
     pub(super) dead_peer: Duration,
     /// Whether the server was asked to watch this session.
@@ -146,6 +155,7 @@ impl PgConn {
         tls: Tls,
         pooler_seen: Arc<std::sync::atomic::AtomicBool>,
         dialed: Option<super::direct::Dialed>,
+        ends: Option<super::direct::Ends>,
         dead_peer: Duration,
     ) -> Arc<PgConn>
     where
@@ -193,6 +203,8 @@ impl PgConn {
             dialed,
             server_end: Default::default(),
             direct: Default::default(),
+            ends,
+            own_socket: Default::default(),
             dead_peer,
             watched: Default::default(),
             server_major,
@@ -409,11 +421,33 @@ impl PgConn {
         // is gone is harmless, but a closed session cannot be cancelled.
         drop(self.runtime.spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                match tls {
-                    Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,
+                // A socket we dialed ourselves left tokio-postgres without
+                // the address to send the cancel to: we dial it again.
+                let Some(ends) = &me.ends else {
+                    let _ = match tls {
+                        Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,
+                        #[cfg(feature = "tls")]
+                        Tls::Rustls(t) => token.cancel_query(t).await,
+                    };
+                    return;
+                };
+                let Ok(stream) = super::direct::dial_one(ends.peer, None, Duration::from_secs(1)).await
+                else {
+                    return;
+                };
+                let _ = match tls {
+                    Tls::Off => token.cancel_query_raw(stream, tokio_postgres::NoTls).await,
                     #[cfg(feature = "tls")]
-                    Tls::Rustls(t) => token.cancel_query(t).await,
-                }
+                    Tls::Rustls(mut t) => {
+                        use tokio_postgres::tls::MakeTlsConnect;
+                        match <_ as MakeTlsConnect<tokio::net::TcpStream>>::make_tls_connect(
+                            &mut t, &ends.name,
+                        ) {
+                            Ok(c) => token.cancel_query_raw(stream, c).await,
+                            Err(_) => return,
+                        }
+                    }
+                };
             })
             .await;
             me.close();
