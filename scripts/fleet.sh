@@ -9,12 +9,15 @@
 #   scripts/fleet.sh                   # N = 2, 50, 200; 5 s per side
 #   PROCS="50" DURATION=3 scripts/fleet.sh
 #   LOAD=1 scripts/fleet.sh            # with a busy loop beside it
+#   CALIBRATE=1 scripts/fleet.sh       # A/A: the raw floor in dbmutex's place
 #
 # Environment: PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
 # case, interleaved; the summary line is their median, default 3), LOAD (busy
 # loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
 # fit the largest N plus room: every process of both sides holds one
-# connection), OUT (directory for the JSON lines).
+# connection), OUT (directory for the JSON lines), CALIBRATE (1: a second raw
+# floor runs where dbmutex would, labelled raw-b: how far apart the harness
+# puts two identical sides; a ratio read against it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +25,9 @@ PROCS=${PROCS:-"2 50 200"}
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
 LOAD=${LOAD:-0}
+CALIBRATE=${CALIBRATE:-0}
+calibrate=()
+[ "$CALIBRATE" = 0 ] || calibrate=(--fleet-calibrate)
 OUT=${OUT:-$(mktemp -d -t dbmutex-fleet.XXXXXX)}
 mkdir -p "$OUT"
 max_n=$(tr ' ' '\n' <<<"$PROCS" | sort -n | tail -n1)
@@ -73,7 +79,7 @@ for n in $PROCS; do
         # machine weighs on both sides; the summary is the median ratio.
         for _ in $(seq "$ROUNDS"); do
             "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
-                --duration "$DURATION" --json | tee -a "$OUT/fleet.jsonl" "$OUT/case.jsonl" |
+                --duration "$DURATION" --json "${calibrate[@]}" | tee -a "$OUT/fleet.jsonl" "$OUT/case.jsonl" |
                 jq -r '[.clients, .names, .side, (.ops_per_s | round), ((.p99_us // 0) / 1000 | . * 10 | round / 10),
                          (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-")]
                         | @tsv' |
@@ -81,7 +87,7 @@ for n in $PROCS; do
                     printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx"
                 done
         done
-        jq -rs 'map(select(.side == "dbmutex")) as $d
+        jq -rs 'map(select(.side != "raw")) as $d
                 | def med(f): ($d | map(f) | sort | .[(length - 1) / 2 | floor]);
                 "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max))"' \
             "$OUT/case.jsonl"

@@ -33,6 +33,8 @@ use crate::stats::Latencies;
 pub enum Side {
     Dbmutex,
     Raw,
+    /// The raw floor again, in dbmutex's place (`--fleet-calibrate`).
+    RawAgain,
 }
 
 impl Side {
@@ -40,6 +42,7 @@ impl Side {
         match self {
             Side::Dbmutex => "dbmutex",
             Side::Raw => "raw",
+            Side::RawAgain => "raw-b",
         }
     }
 }
@@ -94,7 +97,7 @@ pub async fn worker(
             report(&out, &waits, own_cpu_us() - cpu0)?;
             wait_for_eof();
         }
-        Side::Raw => {
+        Side::Raw | Side::RawAgain => {
             let client = crate::raw::pg_connect(url, app).await?;
             let (k1, k2) = match dbmutex::key::pg_key(&lock_name, &dbmutex::Prefix::from_env()) {
                 dbmutex::key::PgKey::Pair(a, b) => (a, b),
@@ -287,7 +290,8 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     Ok(row)
 }
 
-/// The fleet scenario: raw floor first, then dbmutex, same N and names.
+/// The fleet scenario: raw floor first, then dbmutex (or, calibrating, the
+/// raw floor again), same N and names.
 pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<Row>> {
     if !matches!(
         env.kind,
@@ -296,7 +300,11 @@ pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<
         bail!("fleet measures PostgreSQL and etcd");
     }
     let raw = run_side(env, Side::Raw, procs, names).await?;
-    let mut ours = run_side(env, Side::Dbmutex, procs, names).await?;
+    let second = match env.p.calibrate {
+        true => Side::RawAgain,
+        false => Side::Dbmutex,
+    };
+    let mut ours = run_side(env, second, procs, names).await?;
     ours.set(
         "ratio_to_raw",
         round(ours.ops_per_s() / raw.ops_per_s().max(1e-9), 3),

@@ -86,6 +86,10 @@ struct Cli {
     /// `fleet`: names the workers spread over (worker i locks name i mod K).
     #[arg(long, default_value_t = 1)]
     names: usize,
+    /// `fleet`: run a second raw floor where dbmutex would run (an A/A run:
+    /// how far apart the harness puts two identical sides).
+    #[arg(long)]
+    fleet_calibrate: bool,
     /// `fleet-worker` only (set by `fleet`): which side, name, start and
     /// end (ms since the epoch) and application_name.
     #[arg(long, hide = true, default_value = "dbmutex")]
@@ -181,6 +185,7 @@ fn main() -> ExitCode {
 fn fleet_worker(cli: &Cli) -> ExitCode {
     let side = match cli.fleet_side.as_str() {
         "raw" => fleet::Side::Raw,
+        "raw-b" => fleet::Side::RawAgain,
         _ => fleet::Side::Dbmutex,
     };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -266,6 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             drop_release: cli.drop_release,
             procs: cli.procs,
             names: cli.names,
+            calibrate: cli.fleet_calibrate,
         },
         fenced: cli.fenced,
     };

@@ -46,6 +46,9 @@ pub struct Params {
     pub procs: usize,
     /// `fleet`: names they spread over.
     pub names: usize,
+    /// `fleet`: the second side is a second raw floor, not dbmutex (the
+    /// harness's own bias between its two sides, an A/A run).
+    pub calibrate: bool,
 }
 
 /// What every scenario of a run shares.
