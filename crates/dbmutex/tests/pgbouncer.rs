@@ -512,7 +512,8 @@ async fn per_statement_checks_alone_lifo() {
 /// end of the client's own socket, though (the server sees the pooler's
 /// port as its client's), and that is what tells:
 /// - a default locker runs the connect-time pooler check and refuses
-///   session locks;
+///   session locks (also where tokio-postgres dials, its socket's ends
+///   unknown to us);
 /// - with that check skipped, lock statements never go protocol-prepared,
 ///   the claim check stays in each, a holder the pooler moves is told and
 ///   its former server session ended (its lock not left there), and 2 and
@@ -590,14 +591,19 @@ fn a_pooler_behind_a_port_redirect_keeps_the_claim_check() {
                 "a lock stayed on a pooled server session after every client left"
             );
         }
-        // Claims stay on the pooled sessions: a later client is refused
-        // whatever it checks. A fresh pooler for the default locker.
-        let fresh = PgBouncer::start_in_front_of(("127.0.0.2", pg.port()), "transaction", 2, false, "").await;
-        common::netns::redirect(("127.0.0.2", pg.port()), fresh.port());
-        let default = Locker::connect(&url).await.unwrap();
-        let refused = default.try_lock("redirect-default").await;
-        assert!(matches!(refused, Err(Error::Unsupported(_))), "{refused:?}");
-        drop(default);
+        // A default locker runs the connect-time check and is refused, on
+        // a socket we dial and on one tokio-postgres dials (a URL asking
+        // for a writable server). Claims stay on pooled sessions, and a
+        // later client there is refused whatever it checks: a fresh pooler
+        // for each.
+        for url in [url.clone(), format!("{url}&target_session_attrs=read-write")] {
+            let fresh = PgBouncer::start_in_front_of(("127.0.0.2", pg.port()), "transaction", 2, false, "").await;
+            common::netns::redirect(("127.0.0.2", pg.port()), fresh.port());
+            let default = Locker::connect(&url).await.unwrap();
+            let refused = default.try_lock("redirect-default").await;
+            assert!(matches!(refused, Err(Error::Unsupported(_))), "{url}: {refused:?}");
+            drop(default);
+        }
     });
 }
 

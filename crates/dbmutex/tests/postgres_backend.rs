@@ -1250,10 +1250,10 @@ async fn a_dropped_server_wait_is_cancelled_in_the_server() {
     );
     w.abort();
     // Without the cancel, the server would notice the closed socket by
-    // itself, up to `client_connection_check_interval` (1 s here, as
-    // dbmutex sets it: `liveness.rs`) after the wait began.
+    // itself, `client_connection_check_interval` (1 s here, as dbmutex sets
+    // it: `liveness.rs`) after the wait began, which was just now.
     assert!(
-        common::eventually(Duration::from_millis(500), || async { waiting().await == 0 }).await,
+        common::eventually(Duration::from_millis(700), || async { waiting().await == 0 }).await,
         "the dropped wait still waits in the server while the lock is held"
     );
     g.release().await.unwrap();

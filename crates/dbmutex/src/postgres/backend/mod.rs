@@ -118,6 +118,10 @@ impl PgBackend {
             // none in between.
             if let Some(other) = &other {
                 pooler::check_release_on_close(&session, other, settings).await?;
+                // Nothing in between that shares sessions (a client behind
+                // NAT, say): the server may watch for our vanishing.
+                backend.connector.clear();
+                session.watch_once_cleared();
             }
             prepare_session(&session, settings);
             backend.session.set(session);

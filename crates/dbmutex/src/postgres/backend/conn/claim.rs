@@ -84,7 +84,7 @@ impl PgConn {
             true => (None, None),
             false => (row.get(11), row.get(12)),
         };
-        let own = self.check_direct(client_end).await && self.ends.is_some();
+        let own = self.check_direct(client_end).await;
         self.own_socket.store(own, std::sync::atomic::Ordering::Relaxed);
         let started = if with_start {
             row.get(11)
@@ -174,29 +174,46 @@ impl PgConn {
         Ok(())
     }
 
-    /// Decides whether this claimed connection reaches the server directly
-    /// (resolving the dialed host name if it is one): the server answers on
-    /// the address and port we dialed and, where we dialed the socket
-    /// ourselves, sees our own end of it as its client (`client_end`, as
-    /// `inet_client_addr()` and `inet_client_port()`): a pooler behind a
+    /// Decides whether this claimed connection reaches the server directly:
+    /// on a socket we dialed ourselves, the server's end of the session is
+    /// the peer we reached and its client is our own end (`client_end`, as
+    /// `inet_client_addr()` and `inet_client_port()`). A pooler behind a
     /// port redirect dials the server where the client did, from an end of
-    /// its own. If the server answers where we dialed, asks it to watch for
-    /// its client's vanishing (`liveness.rs`).
+    /// its own; a connection tokio-postgres dialed (its socket's ends
+    /// unknown to us) is never found direct.
+    ///
+    /// Where the server answers on the address and port we dialed (a name
+    /// is resolved), it is asked to watch for its client's vanishing
+    /// (`liveness.rs`) at once if the connection is direct, else only once
+    /// the locker's pooler check has found no pooler (a client behind
+    /// NAT): see [`watch_once_cleared`](Self::watch_once_cleared).
     async fn check_direct(self: &Arc<Self>, client_end: (Option<std::net::IpAddr>, Option<i32>)) -> bool {
         let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
             return false;
         };
         let answers = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
-        if answers {
+        self.answers.store(answers, std::sync::atomic::Ordering::Relaxed);
+        let direct = answers
+            && self.ends.as_ref().is_some_and(|e| {
+                super::direct::is_peer(e.peer, addr.as_deref(), *port)
+                    && super::direct::is_own_socket(e.local, client_end.0, client_end.1)
+            });
+        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
+        if direct || self.cleared.load(std::sync::atomic::Ordering::Relaxed) {
+            self.watch_once_cleared();
+        }
+        direct
+    }
+
+    /// Asks the server to watch for this connection's vanishing
+    /// (`liveness.rs`) if it answers where we dialed and nothing is in
+    /// between: the connection is direct, or the locker's pooler check
+    /// found no pooler on this connector's sessions (then every later
+    /// connection of it asks as it claims).
+    pub(crate) fn watch_once_cleared(self: &Arc<Self>) {
+        if self.answers.load(std::sync::atomic::Ordering::Relaxed) {
             self.ask_server_to_watch();
         }
-        let direct = answers
-            && self
-                .ends
-                .as_ref()
-                .is_none_or(|e| super::direct::is_own_socket(e.local, client_end.0, client_end.1));
-        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
-        direct
     }
 
     /// Whether [`check_direct`](Self::check_direct) found the server itself

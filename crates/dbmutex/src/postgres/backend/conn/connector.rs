@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::config::{Host, TargetSessionAttrs};
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::{Client, Config};
 
 use super::direct::{dial_one, Dialed, Ends};
-use super::session::PgConn;
+use super::session::{Origin, PgConn};
 use super::tls::{make_tls, Tls};
 use crate::redact::{pg_reason, redact_url, with_scheme};
 use crate::settings::Settings;
@@ -21,6 +21,10 @@ pub(crate) struct Connector {
     /// Shared by every connection made here: set when one of them finds
     /// its statements running on another server session.
     pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+    /// Set when the locker's pooler check found no pooler: a connection
+    /// that is not direct (a client behind NAT) then asks the server to
+    /// watch it too (`claim.rs`, `check_direct`).
+    cleared: Arc<std::sync::atomic::AtomicBool>,
     /// The server's side of liveness (see `liveness.rs`).
     dead_peer: Duration,
     /// The client's TCP keepalive period (idle and interval; the user
@@ -115,6 +119,7 @@ impl Connector {
             config,
             tls,
             pooler_seen: Arc::default(),
+            cleared: Arc::default(),
             dead_peer: settings.server_dead_peer_bound(),
             keepalive: ka,
         }
@@ -181,7 +186,34 @@ impl Connector {
     /// socket: the connection then knows its own end of it (see
     /// `direct.rs`), which tokio-postgres's socket does not tell.
     async fn connect_own(&self, (name, dialed): (&str, Dialed)) -> Result<Arc<PgConn>> {
-        let stream = self.dial(&dialed).await?;
+        let mut addresses = match dialed.host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => tokio::net::lookup_host((dialed.host.as_str(), dialed.port))
+                .await
+                .map_err(|e| Error::Connect(Box::new(e)))?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        if self.config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+            fastrand::shuffle(&mut addresses);
+        }
+        // As tokio-postgres: any failure (no TCP connection, TLS, the
+        // server refusing the start) moves on to the next address.
+        let mut last = None;
+        for ip in addresses {
+            match self.connect_at((ip, dialed.port).into(), name).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Connect("could not resolve any addresses".into())))
+    }
+
+    /// [`connect_own`](Self::connect_own) at one address.
+    async fn connect_at(&self, addr: std::net::SocketAddr, name: &str) -> Result<Arc<PgConn>> {
+        let stream = dial_one(addr, self.config.get_connect_timeout(), self.keepalive)
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
         let ends = Ends {
             local: stream.local_addr().map_err(|e| Error::Connect(Box::new(e)))?,
             peer: stream.peer_addr().map_err(|e| Error::Connect(Box::new(e)))?,
@@ -208,37 +240,6 @@ impl Connector {
         }
     }
 
-    /// A TCP connection to the first address of `dialed` that takes one.
-    async fn dial(&self, dialed: &Dialed) -> Result<tokio::net::TcpStream> {
-        let mut last = None;
-        let addresses = match dialed.host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
-            Ok(ip) => vec![ip],
-            Err(_) => tokio::net::lookup_host((dialed.host.as_str(), dialed.port))
-                .await
-                .map_err(|e| Error::Connect(Box::new(e)))?
-                .map(|a| a.ip())
-                .collect(),
-        };
-        for ip in addresses {
-            match dial_one(
-                (ip, dialed.port).into(),
-                self.config.get_connect_timeout(),
-                self.keepalive,
-            )
-            .await
-            {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(Error::Connect(Box::new(last.unwrap_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "could not resolve any addresses",
-            )
-        }))))
-    }
-
     /// Wraps a connected client in a [`PgConn`] of this connector (`ends`:
     /// of the socket, when we dialed it).
     fn start<S, T>(
@@ -254,12 +255,21 @@ impl Connector {
         PgConn::start(
             client,
             conn,
-            self.tls.clone(),
-            self.pooler_seen.clone(),
-            Dialed::of(&self.config),
-            ends,
-            self.dead_peer,
+            Origin {
+                tls: self.tls.clone(),
+                pooler_seen: self.pooler_seen.clone(),
+                cleared: self.cleared.clone(),
+                dialed: Dialed::of(&self.config),
+                ends,
+                dead_peer: self.dead_peer,
+            },
         )
+    }
+
+    /// Records that the locker's pooler check found no pooler in front of
+    /// this connector's server sessions.
+    pub(crate) fn clear(&self) {
+        self.cleared.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// True once any connection of this connector has seen its statements

@@ -101,7 +101,7 @@ pub(crate) async fn dial_one(
     };
     stream.set_nodelay(true)?;
     let sock = socket2::SockRef::from(&stream);
-    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[cfg(target_os = "linux")]
     sock.set_tcp_user_timeout(Some(keepalive * 2))?;
     let probes = socket2::TcpKeepalive::new()
         .with_time(keepalive)
@@ -129,6 +129,20 @@ pub(crate) fn is_direct(
         return false;
     };
     i32::from(dialed.port) == port && addresses.iter().any(|a| a.to_canonical() == addr.to_canonical())
+}
+
+/// True when the server's own end of the session (as for [`is_direct`]) is
+/// `peer`, the address and port our socket reached: not another address
+/// the dialed name also stands for.
+pub(crate) fn is_peer(
+    peer: std::net::SocketAddr,
+    server_addr: Option<&str>,
+    server_port: Option<i32>,
+) -> bool {
+    server_port == Some(i32::from(peer.port()))
+        && server_addr
+            .and_then(|a| a.parse::<IpAddr>().ok())
+            .is_some_and(|a| a.to_canonical() == peer.ip().to_canonical())
 }
 
 /// True when the server's client for this session (`client_addr` as
@@ -199,6 +213,18 @@ mod tests {
         assert!(!is_direct(&d, &here, None, None));
         assert!(!is_direct(&d, &[], Some("127.0.0.1"), Some(5432)));
         assert!(!is_direct(&d, &here, Some("not an address"), Some(5432)));
+    }
+
+    #[test]
+    fn the_peer_is_the_address_and_port_our_socket_reached() {
+        let peer: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
+        assert!(is_peer(peer, Some("127.0.0.1"), Some(5432)));
+        assert!(is_peer(peer, Some("::ffff:127.0.0.1"), Some(5432)));
+        // Another address of the same name (a pooler on one, the server on
+        // the other), or another port.
+        assert!(!is_peer(peer, Some("127.0.0.2"), Some(5432)));
+        assert!(!is_peer(peer, Some("127.0.0.1"), Some(6432)));
+        assert!(!is_peer(peer, None, None));
     }
 
     #[test]

@@ -25,9 +25,12 @@
 //! lock (`T`, at least twice that: 10 s by default). A frozen holder cannot
 //! be told: that is what fencing tokens are for.
 //!
-//! Only on a connection that reaches the server directly (`direct.rs`):
-//! behind a pooler the server's peer is the pooler, and these settings on a
-//! server session it shares would end other clients' sessions.
+//! Only where the server answers on the address and port dialed and
+//! nothing shares its sessions: on a connection found direct (`direct.rs`),
+//! or once the locker's pooler check found no pooler (a client behind NAT:
+//! `claim.rs`, `watch_once_cleared`). Behind a pooler the server's peer is
+//! the pooler, and these settings on a server session it shares would end
+//! other clients' sessions.
 
 use std::future::Future;
 use std::sync::Arc;

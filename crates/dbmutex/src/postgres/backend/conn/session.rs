@@ -119,6 +119,11 @@ pub(crate) struct PgConn {
     /// dialed, sees our own end as its client), no pooler in between: set
     /// for a lock session by [`PgConn::check_direct`].
     pub(super) direct: std::sync::atomic::AtomicBool,
+    /// The server answers on the address and port we dialed (its peer may
+    /// still be a pooler or a NAT: see [`PgConn::watch_once_cleared`]).
+    pub(super) answers: std::sync::atomic::AtomicBool,
+    /// The connector's flag: its locker's pooler check found no pooler.
+    pub(super) cleared: Arc<std::sync::atomic::AtomicBool>,
     /// Both ends of our socket, when we dialed it ourselves (see
     /// `connector.rs`).
     pub(super) ends: Option<super::direct::Ends>,
@@ -148,20 +153,34 @@ pub(crate) struct PgConn {
     pub(super) lock_timeout: std::sync::atomic::AtomicBool,
 }
 
+/// What a new connection takes from the connector that made it.
+pub(super) struct Origin {
+    pub(super) tls: Tls,
+    pub(super) pooler_seen: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) cleared: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) dialed: Option<super::direct::Dialed>,
+    pub(super) ends: Option<super::direct::Ends>,
+    pub(super) dead_peer: Duration,
+}
+
 impl PgConn {
     pub(super) fn start<S, T>(
         client: Client,
         mut conn: tokio_postgres::Connection<S, T>,
-        tls: Tls,
-        pooler_seen: Arc<std::sync::atomic::AtomicBool>,
-        dialed: Option<super::direct::Dialed>,
-        ends: Option<super::direct::Ends>,
-        dead_peer: Duration,
+        origin: Origin,
     ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let Origin {
+            tls,
+            pooler_seen,
+            cleared,
+            dialed,
+            ends,
+            dead_peer,
+        } = origin;
         let server_major = major_version(conn.parameter("server_version"));
         let (lost, _) = watch::channel(false);
         let lost_tx = lost.clone();
@@ -203,6 +222,8 @@ impl PgConn {
             dialed,
             server_end: Default::default(),
             direct: Default::default(),
+            answers: Default::default(),
+            cleared,
             ends,
             own_socket: Default::default(),
             dead_peer,
