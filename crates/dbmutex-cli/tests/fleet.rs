@@ -364,6 +364,24 @@ fn a_partitioned_holder_loses_its_lock_on_the_postgres_server() {
     partitioned_holder(&holder_url, &pg.url(), "fleet-partition-pg");
 }
 
+/// The same behind NAT: the server sees the holder's connection come from
+/// another port than its own (rewritten to 50000–50999, as a NAT does when
+/// ports clash; the private server trusts only 127.0.0.1, so the address
+/// stays), so the connection is not proven direct
+/// (`direct.rs`); the locker's pooler check finds no pooler, and only then
+/// is the server asked to watch the session. Without that, a NAT'd holder
+/// cut off would keep its lock for the kernel's two hours.
+#[test]
+fn a_partitioned_holder_behind_nat_loses_its_lock_on_the_postgres_server() {
+    if !netns::inside() {
+        return netns::in_netns("a_partitioned_holder_behind_nat_loses_its_lock_on_the_postgres_server");
+    }
+    let pg = PrivatePg::start(&[("listen_addresses", "'127.0.0.1,127.0.0.2'")]);
+    netns::snat(("127.0.0.2", pg.port()), "127.0.0.1:50000-50999");
+    let holder_url = pg.url().replace("@127.0.0.1:", "@127.0.0.2:");
+    partitioned_holder(&holder_url, &pg.url(), "fleet-partition-pg-nat");
+}
+
 #[test]
 fn a_partitioned_holder_loses_its_lock_on_the_mariadb_server() {
     if !netns::inside() {

@@ -169,3 +169,16 @@ pub fn redirect(to: (&str, u16), port: u16) {
         to.0, to.1
     ));
 }
+
+/// Rewrites the source of every new connection to `to` (host and port) to
+/// `source` (nftables `snat`: an address, and a port range if given): a
+/// client behind NAT, whose server sees another end than the client's own.
+pub fn snat(to: (&str, u16), source: &str) {
+    assert!(inside(), "a NAT only inside the test's network namespace");
+    sh("nft add table ip dbmutex_snat");
+    sh("nft add chain ip dbmutex_snat post '{ type nat hook postrouting priority 100; }'");
+    sh(&format!(
+        "nft add rule ip dbmutex_snat post ip daddr {} tcp dport {} snat to {source}",
+        to.0, to.1
+    ));
+}
