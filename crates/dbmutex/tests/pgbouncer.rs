@@ -820,15 +820,7 @@ async fn statements_are_protocol_prepared_only_on_a_direct_connection() {
         let first = locker.try_lock(name.as_str()).await.unwrap().expect("free");
         first.release().await.unwrap();
         let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
-        let last = watcher
-            .query_one(
-                "SELECT query FROM pg_stat_activity WHERE application_name = $1 \
-                 AND (query LIKE '%advisory_lock%' OR query LIKE 'EXECUTE dbmutex_%')",
-                &[&app],
-            )
-            .await
-            .unwrap()
-            .get::<_, String>(0);
+        let last = last_lock_statement(&watcher, &app).await;
         let prepared = !last.contains("EXECUTE");
         assert!(
             last.contains(want) && prepared == want.starts_with("SELECT"),
