@@ -81,6 +81,8 @@ impl Dialed {
 pub(crate) struct Ends {
     pub(super) local: std::net::SocketAddr,
     pub(super) peer: std::net::SocketAddr,
+    /// For TLS only (the server's name in the handshake).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     pub(super) name: String,
 }
 
