@@ -5,6 +5,7 @@
 //! - `tls.rs`: the TLS choice (`sslmode`) and its rustls set-up;
 //! - `session.rs`: [`PgConn`], one server session, its lock statements and
 //!   its end;
+//! - `cancel.rs`: cancelling a statement still running, then closing;
 //! - `claim.rs`: the server-session claim, and what happens when a pooler
 //!   moves us off it;
 //! - `direct.rs`: whether a connection reaches the server with no pooler
@@ -15,6 +16,7 @@
 //! - `liveness.rs`: asking the server to free a vanished client's locks
 //!   within a bound.
 
+mod cancel;
 mod claim;
 mod connector;
 mod direct;
