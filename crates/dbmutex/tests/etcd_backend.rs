@@ -422,8 +422,9 @@ impl Load {
 
 /// Three lockers on every member in a [`Load`] on one name; `fault` (a
 /// member's index → what was done) hits the leader after 1.5 s; 4 s later
-/// the loops stop. Asserts exclusion, token order, progress before and
-/// after, and no lease lost.
+/// (or once 11 grants came after the fault, within 10 s) the loops stop.
+/// Asserts exclusion, token order, progress before and after, and no lease
+/// lost.
 async fn leader_fault_under_load(etcd: &PrivateEtcd, what: &str, fault: impl FnOnce(usize)) {
     let name = unique("leader");
     let mut lockers = Vec::new();
@@ -436,6 +437,12 @@ async fn leader_fault_under_load(etcd: &PrivateEtcd, what: &str, fault: impl FnO
     fault(etcd.leader());
     let hit = Instant::now();
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // Progress may wait for the lease of a holder on the member hit to run
+    // out, which a loaded machine stretches (seen once in CI: 5 grants in
+    // the 4 s): more time, within a bound, rather than a fixed window.
+    while load.tally.grants() - before <= 10 && hit.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let tally = load.stop().await;
     let after = tally.grants() - before;
     let lost = tally.lost.load(Ordering::SeqCst);
