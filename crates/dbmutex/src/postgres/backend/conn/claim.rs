@@ -191,13 +191,22 @@ impl PgConn {
         let (Some(dialed), Some((addr, port))) = (&self.dialed, self.server_end.get()) else {
             return false;
         };
-        let answers = super::direct::is_direct(dialed, &dialed.addresses().await, addr.as_deref(), *port);
+        // On our own socket the server's end must be the peer it reached
+        // (one of the addresses the host resolved to, at the port dialed):
+        // no second lookup of the name.
+        let answers = match &self.ends {
+            Some(e) => super::direct::is_peer(e.peer, addr.as_deref(), *port),
+            None => {
+                let addresses = dialed.addresses().await.unwrap_or_default();
+                super::direct::is_direct(dialed, &addresses, addr.as_deref(), *port)
+            }
+        };
         self.answers.store(answers, std::sync::atomic::Ordering::Relaxed);
         let direct = answers
-            && self.ends.as_ref().is_some_and(|e| {
-                super::direct::is_peer(e.peer, addr.as_deref(), *port)
-                    && super::direct::is_own_socket(e.local, client_end.0, client_end.1)
-            });
+            && self
+                .ends
+                .as_ref()
+                .is_some_and(|e| super::direct::is_own_socket(e.local, client_end.0, client_end.1));
         self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
         if direct || self.cleared.load(std::sync::atomic::Ordering::Relaxed) {
             self.watch_once_cleared();

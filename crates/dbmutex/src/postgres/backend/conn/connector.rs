@@ -186,14 +186,10 @@ impl Connector {
     /// socket: the connection then knows its own end of it (see
     /// `direct.rs`), which tokio-postgres's socket does not tell.
     async fn connect_own(&self, (name, dialed): (&str, Dialed)) -> Result<Arc<PgConn>> {
-        let mut addresses = match dialed.host.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
-            Ok(ip) => vec![ip],
-            Err(_) => tokio::net::lookup_host((dialed.host.as_str(), dialed.port))
-                .await
-                .map_err(|e| Error::Connect(Box::new(e)))?
-                .map(|a| a.ip())
-                .collect(),
-        };
+        let mut addresses = dialed
+            .addresses()
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
         if self.config.get_load_balance_hosts() == LoadBalanceHosts::Random {
             fastrand::shuffle(&mut addresses);
         }

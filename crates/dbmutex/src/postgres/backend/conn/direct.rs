@@ -64,15 +64,15 @@ impl Dialed {
     }
 
     /// The addresses the dialed host stands for: itself if it is one, else
-    /// what it resolves to (empty when it does not).
-    pub(crate) async fn addresses(&self) -> Vec<IpAddr> {
+    /// what it resolves to.
+    pub(crate) async fn addresses(&self) -> std::io::Result<Vec<IpAddr>> {
         if let Ok(ip) = self.host.trim_matches(['[', ']']).parse::<IpAddr>() {
-            return vec![ip];
+            return Ok(vec![ip]);
         }
-        match tokio::net::lookup_host((self.host.as_str(), self.port)).await {
-            Ok(addrs) => addrs.map(|a| a.ip()).collect(),
-            Err(_) => Vec::new(),
-        }
+        Ok(tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await?
+            .map(|a| a.ip())
+            .collect())
     }
 }
 
@@ -249,11 +249,14 @@ mod tests {
             host: "::1".into(),
             port: 5432,
         };
-        assert_eq!(lit.addresses().await, vec!["::1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            lit.addresses().await.unwrap(),
+            vec!["::1".parse::<IpAddr>().unwrap()]
+        );
         let name = Dialed {
             host: "localhost".into(),
             port: 5432,
         };
-        assert!(name.addresses().await.iter().any(|a| a.is_loopback()));
+        assert!(name.addresses().await.unwrap().iter().any(|a| a.is_loopback()));
     }
 }
