@@ -4,7 +4,9 @@
 # raw driver (the floor), dbmutex with `release().await`, dbmutex dropping
 # the guard — runs `dbmutex-bench --scenario cycles` under callgrind with 0
 # and with CYCLES cycles and prints (Ir(CYCLES) - Ir(0)) / CYCLES, one JSON
-# object per side, with the ratio to the raw side of the same run.
+# object per side, with the ratio to the raw side of the same run, and the
+# code a cycle runs ("code": distinct instructions, 64-byte lines and 4 KiB
+# pages that ran once a cycle; scripts/code-footprint.py). python3 reads it.
 #
 #   scripts/callgrind.sh                        # PostgreSQL, 2000 cycles
 #   CYCLES=500 scripts/callgrind.sh mysql://root@127.0.0.1:3306/test
@@ -36,7 +38,7 @@ bench=${CARGO_TARGET_DIR:-target}/profiling/dbmutex-bench
 # ir SIDE N: the instructions of one run.
 ir() {
   local file="$out/callgrind.$1.$2"
-  valgrind --tool=callgrind --callgrind-out-file="$file" -q \
+  valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$file" -q \
     "$bench" --database-url "$url" --scenario cycles --cycle-side "$1" --cycles "$2" >&2
   awk '/^(summary|totals):/ { print $2; exit }' "$file"
 }
@@ -49,8 +51,11 @@ for side in $sides; do
   [ "$side" != raw ] || raw_per=$per
   ratio=null
   [ -z "$raw_per" ] || ratio=$(awk -v a="$per" -v b="$raw_per" 'BEGIN { printf "%.3f", a / b }')
-  printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"callgrind_out":"%s"}\n' \
-    "$side" "$cycles" "$per" "$ratio" "$out/callgrind.$side.$cycles"
+  # The code a cycle runs, in distinct instructions, cache lines and pages:
+  # what a fleet worker's cold caches pay for (scripts/code-footprint.py).
+  fp=$(scripts/code-footprint.py "$cycles" "$out/callgrind.$side.0" "$out/callgrind.$side.$cycles")
+  printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"callgrind_out":"%s"}\n' \
+    "$side" "$cycles" "$per" "$ratio" "$fp" "$out/callgrind.$side.$cycles"
 done
 
 [ "${WAITS:-1}" = 1 ] || exit 0
@@ -67,8 +72,9 @@ wait_run() {
     "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$1" --fleet-name "$name" \
     --fleet-app "callgrind-$1" --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null | grep '^waits')
   wait "$partner"
-  # The line is `waits CPU_US W1 W2 ...`: the acquisitions are the rest.
-  echo "$(awk '/^(summary|totals):/ { print $2; exit }' "$file") $(( $(wc -w <<<"$waits") - 2 ))"
+  # The line is `waits USER_US KERNEL_US SWITCHES PREEMPTED W1 W2 ...`:
+  # the acquisitions are the rest.
+  echo "$(awk '/^(summary|totals):/ { print $2; exit }' "$file") $(( $(wc -w <<<"$waits") - 5 ))"
 }
 raw_wait=""
 for side in raw dbmutex; do

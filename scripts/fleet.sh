@@ -12,12 +12,18 @@
 #   CALIBRATE=1 scripts/fleet.sh       # A/A: the raw floor in dbmutex's place
 #
 # Environment: PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
-# case, interleaved; the summary line is their median, default 3), LOAD (busy
+# case, interleaved, the raw floor first in odd rounds and dbmutex first in
+# even ones; the summary line is their median, default 3), LOAD (busy
 # loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
 # fit the largest N plus room: every process of both sides holds one
 # connection), OUT (directory for the JSON lines), CALIBRATE (1: a second raw
 # floor runs where dbmutex would, labelled raw-b: how far apart the harness
 # puts two identical sides; a ratio read against it).
+#
+# Columns: throughput, p99 wait, server connections at peak, server CPU per
+# acquisition; for dbmutex's side, against the raw floor's: throughput,
+# server CPU, and the workers' own CPU per acquisition in user space and in
+# the kernel (user x, kern x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,25 +77,32 @@ for _ in $(seq "$LOAD"); do
 done
 
 echo "== fleet: $(nproc) cores; private PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), max_connections $MAX_CONNECTIONS; busy loops beside: $LOAD; ${DURATION} s per side"
-printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' N names side "acq/s" "p99 ms" conns "cpu ms/acq" ratio "cpu x"
+printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s %8s %8s\n' N names side "acq/s" "p99 ms" conns "cpu ms/acq" ratio "cpu x" "user x" "kern x"
 for n in $PROCS; do
     for names in 1 "$n"; do
         : >"$OUT/case.jsonl"
-        # ROUNDS runs, each raw then dbmutex: interleaved, so a drift of the
-        # machine weighs on both sides; the summary is the median ratio.
-        for _ in $(seq "$ROUNDS"); do
+        # ROUNDS runs of both sides: interleaved, so a drift of the machine
+        # weighs on both; raw first in odd rounds, dbmutex first in even
+        # ones, so what the second side of a run meets weighs on both too.
+        # The summary is the median ratio, and the median of each order.
+        for r in $(seq "$ROUNDS"); do
+            order=()
+            [ $((r % 2)) = 1 ] || order=(--fleet-ours-first)
             "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
-                --duration "$DURATION" --json "${calibrate[@]}" | tee -a "$OUT/fleet.jsonl" "$OUT/case.jsonl" |
+                --duration "$DURATION" --json "${calibrate[@]}" "${order[@]}" | tee -a "$OUT/fleet.jsonl" "$OUT/case.jsonl" |
                 jq -r '[.clients, .names, .side, (.ops_per_s | round), ((.p99_us // 0) / 1000 | . * 10 | round / 10),
-                         (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-")]
+                         (.connections // "-"), (.server_cpu_ms_per_acq // "-"), (.ratio_to_raw // "-"), (.cpu_ratio_to_raw // "-"),
+                         (.client_user_ratio_to_raw // "-"), (.client_kernel_ratio_to_raw // "-")]
                         | @tsv' |
-                while IFS=$'\t' read -r c k s o p cn cpu r cx; do
-                    printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx"
+                while IFS=$'\t' read -r c k s o p cn cpu r cx ux kx; do
+                    printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s %8s %8s\n' "$c" "$k" "$s" "$o" "$p" "$cn" "$cpu" "$r" "$cx" "$ux" "$kx"
                 done
         done
         jq -rs 'map(select(.side != "raw")) as $d
                 | def med(f): ($d | map(f) | sort | .[(length - 1) / 2 | floor]);
-                "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max))"' \
+                  def by(o): ($d | map(select(.first == o) | .ratio_to_raw) | sort
+                                 | if length == 0 then "-" else "\(.[(length - 1) / 2 | floor]) of \(length)" end);
+                "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition, \(med(.client_user_ratio_to_raw)) x raw client user time (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max)); raw first \(by("raw")), ours first \(by("ours"))"' \
             "$OUT/case.jsonl"
         [ "$names" != "$n" ] || break
     done

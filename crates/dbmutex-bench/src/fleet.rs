@@ -70,14 +70,14 @@ pub async fn worker(
         Side::Dbmutex => {
             let locker = Locker::builder(url).application_name(app).connect().await?;
             ready(&out, start_ms).await?;
-            let cpu0 = own_cpu_us();
+            let cpu0 = Usage::now();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 let g = locker.lock(lock_name.clone()).await?;
                 waits.record(t.elapsed());
                 g.release().await?;
             }
-            report(&out, &waits, own_cpu_us() - cpu0)?;
+            report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
             drop(locker);
         }
@@ -87,14 +87,14 @@ pub async fn worker(
             let mut m = crate::raw_etcd::EtcdMutex::new(client).await?;
             let prefix = crate::raw_etcd::queue(name);
             ready(&out, start_ms).await?;
-            let cpu0 = own_cpu_us();
+            let cpu0 = Usage::now();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 m.lock(&prefix).await?;
                 waits.record(t.elapsed());
                 m.unlock().await?;
             }
-            report(&out, &waits, own_cpu_us() - cpu0)?;
+            report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
         }
         Side::Raw | Side::RawAgain => {
@@ -106,14 +106,14 @@ pub async fn worker(
             let lock = client.prepare("SELECT pg_advisory_lock($1, $2)").await?;
             let unlock = client.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
             ready(&out, start_ms).await?;
-            let cpu0 = own_cpu_us();
+            let cpu0 = Usage::now();
             while epoch_ms() < end_ms {
                 let t = Instant::now();
                 client.execute(&lock, &[&k1, &k2]).await?;
                 waits.record(t.elapsed());
                 client.execute(&unlock, &[&k1, &k2]).await?;
             }
-            report(&out, &waits, own_cpu_us() - cpu0)?;
+            report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
         }
     }
@@ -130,22 +130,46 @@ async fn ready(out: &std::io::Stdout, start_ms: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// This process's CPU time so far (user + system), in microseconds.
-fn own_cpu_us() -> u64 {
-    // SAFETY: getrusage writes into the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0;
+/// This process's use of the machine so far: CPU time in user space and in
+/// the kernel (µs), and context switches, voluntary (it waited: a socket,
+/// a futex) and not (the scheduler took the core away).
+#[derive(Clone, Copy, Default)]
+struct Usage([u64; 4]);
+
+impl Usage {
+    fn now() -> Self {
+        // SAFETY: getrusage writes into the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+            return Self::default();
+        }
+        let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+        Self([
+            us(u.ru_utime),
+            us(u.ru_stime),
+            u.ru_nvcsw as u64,
+            u.ru_nivcsw as u64,
+        ])
     }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(u.ru_utime) + us(u.ru_stime)
+
+    fn since(&self, before: &Self) -> Self {
+        Self(std::array::from_fn(|i| self.0[i].saturating_sub(before.0[i])))
+    }
+
+    fn add(&mut self, other: &Self) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
 }
 
-/// The worker's last words: its CPU time in the loop, then its waits.
-fn report(out: &std::io::Stdout, waits: &Latencies, cpu_us: u64) -> anyhow::Result<()> {
+/// The worker's last words: its use of the machine in the loop (user µs,
+/// kernel µs, voluntary and involuntary switches), then its waits.
+fn report(out: &std::io::Stdout, waits: &Latencies, used: Usage) -> anyhow::Result<()> {
     let line: Vec<String> = waits.micros().iter().map(u32::to_string).collect();
+    let [u, k, v, i] = used.0;
     let mut o = out.lock();
-    writeln!(o, "waits {cpu_us} {}", line.join(" "))?;
+    writeln!(o, "waits {u} {k} {v} {i} {}", line.join(" "))?;
     o.flush()?;
     Ok(())
 }
@@ -246,8 +270,8 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     let sampler = env.sampler(&app, Vec::new());
     tokio::time::sleep(Duration::from_millis(end_ms.saturating_sub(epoch_ms()))).await;
     let mut waits = Latencies::default();
-    let (reads, client_cpu_us) = tokio::task::spawn_blocking(move || {
-        let (mut all, mut cpu_us) = (Vec::new(), 0u64);
+    let (reads, used) = tokio::task::spawn_blocking(move || {
+        let (mut all, mut used) = (Vec::new(), Usage::default());
         for mut r in readers {
             let mut line = String::new();
             r.read_line(&mut line)?;
@@ -255,10 +279,14 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
                 bail!("a fleet worker failed (said {line:?})");
             };
             let mut words = rest.split_whitespace();
-            cpu_us += words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let mut one = Usage::default();
+            for v in &mut one.0 {
+                *v = words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+            used.add(&one);
             all.extend(words.filter_map(|v| v.parse::<u32>().ok()));
         }
-        Ok((all, cpu_us))
+        Ok((all, used))
     })
     .await??;
     let (cpu1, backends) = backends_cpu_ms(env, &app).await?;
@@ -282,16 +310,19 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
     row.set("backends", backends as u64);
     if ops > 0.0 && backends > 0 {
         row.set("server_cpu_ms_per_acq", round((cpu1 - cpu0) / ops, 4));
-        row.set(
-            "client_cpu_ms_per_acq",
-            round(client_cpu_us as f64 / 1000.0 / ops, 4),
-        );
+        let [user, kernel, vcsw, ivcsw] = used.0.map(|v| v as f64);
+        row.set("client_cpu_ms_per_acq", round((user + kernel) / 1000.0 / ops, 4));
+        row.set("client_user_ms_per_acq", round(user / 1000.0 / ops, 4));
+        row.set("client_kernel_ms_per_acq", round(kernel / 1000.0 / ops, 4));
+        row.set("client_switches_per_acq", round(vcsw / ops, 3));
+        row.set("client_preempted_per_acq", round(ivcsw / ops, 3));
     }
     Ok(row)
 }
 
-/// The fleet scenario: raw floor first, then dbmutex (or, calibrating, the
-/// raw floor again), same N and names.
+/// The fleet scenario: raw floor, then dbmutex (or, calibrating, the raw
+/// floor again), same N and names; in the other order with `ours_first`.
+/// The rows come raw first either way, and dbmutex's says which ran first.
 pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<Row>> {
     if !matches!(
         env.kind,
@@ -299,27 +330,35 @@ pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<
     ) {
         bail!("fleet measures PostgreSQL and etcd");
     }
-    let raw = run_side(env, Side::Raw, procs, names).await?;
     let second = match env.p.calibrate {
         true => Side::RawAgain,
         false => Side::Dbmutex,
     };
-    let mut ours = run_side(env, second, procs, names).await?;
+    let (raw, mut ours) = match env.p.ours_first {
+        false => {
+            let raw = run_side(env, Side::Raw, procs, names).await?;
+            (raw, run_side(env, second, procs, names).await?)
+        }
+        true => {
+            let ours = run_side(env, second, procs, names).await?;
+            (run_side(env, Side::Raw, procs, names).await?, ours)
+        }
+    };
+    ours.set("first", if env.p.ours_first { "ours" } else { "raw" });
     ours.set(
         "ratio_to_raw",
         round(ours.ops_per_s() / raw.ops_per_s().max(1e-9), 3),
     );
-    if let (Some(a), Some(b)) = (
-        ours.extra.get("server_cpu_ms_per_acq").and_then(|v| v.as_f64()),
-        raw.extra.get("server_cpu_ms_per_acq").and_then(|v| v.as_f64()),
-    ) {
-        ours.set("cpu_ratio_to_raw", round(a / b.max(1e-9), 3));
-    }
-    if let (Some(a), Some(b)) = (
-        ours.extra.get("client_cpu_ms_per_acq").and_then(|v| v.as_f64()),
-        raw.extra.get("client_cpu_ms_per_acq").and_then(|v| v.as_f64()),
-    ) {
-        ours.set("client_cpu_ratio_to_raw", round(a / b.max(1e-9), 3));
+    for (per_acq, ratio) in [
+        ("server_cpu_ms_per_acq", "cpu_ratio_to_raw"),
+        ("client_cpu_ms_per_acq", "client_cpu_ratio_to_raw"),
+        ("client_user_ms_per_acq", "client_user_ratio_to_raw"),
+        ("client_kernel_ms_per_acq", "client_kernel_ratio_to_raw"),
+    ] {
+        let of = |row: &Row| row.extra.get(per_acq).and_then(|v| v.as_f64());
+        if let (Some(a), Some(b)) = (of(&ours), of(&raw)) {
+            ours.set(ratio, round(a / b.max(1e-9), 3));
+        }
     }
     Ok(vec![raw, ours])
 }

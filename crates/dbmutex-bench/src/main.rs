@@ -90,6 +90,12 @@ struct Cli {
     /// how far apart the harness puts two identical sides).
     #[arg(long)]
     fleet_calibrate: bool,
+    /// `fleet`: run dbmutex's side (or the A/A run's second raw floor)
+    /// before the raw floor. `scripts/fleet.sh` alternates the order from
+    /// round to round, so that whatever the side that runs second meets (the
+    /// first side's backends exiting, the server's caches) weighs on both.
+    #[arg(long)]
+    fleet_ours_first: bool,
     /// `fleet-worker` only (set by `fleet`): which side, name, start and
     /// end (ms since the epoch) and application_name.
     #[arg(long, hide = true, default_value = "dbmutex")]
@@ -272,6 +278,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             procs: cli.procs,
             names: cli.names,
             calibrate: cli.fleet_calibrate,
+            ours_first: cli.fleet_ours_first,
         },
         fenced: cli.fenced,
     };

@@ -49,6 +49,8 @@ pub struct Params {
     /// `fleet`: the second side is a second raw floor, not dbmutex (the
     /// harness's own bias between its two sides, an A/A run).
     pub calibrate: bool,
+    /// `fleet`: the second side runs first.
+    pub ours_first: bool,
 }
 
 /// What every scenario of a run shares.
