@@ -84,7 +84,10 @@ for n in $PROCS; do
         # ROUNDS runs of both sides: interleaved, so a drift of the machine
         # weighs on both; raw first in odd rounds, dbmutex first in even
         # ones, so what the second side of a run meets weighs on both too.
-        # The summary is the median ratio, and the median of each order.
+        # The summary is the median ratio, the median of each order, and
+        # their geometric mean ("balanced"): the second side's handicap
+        # (0.91-0.97 x in every A/A round beside a busy loop, its inverse
+        # when first) cancels there (A/A: 1.00 and 1.03).
         for r in $(seq "$ROUNDS"); do
             order=()
             [ $((r % 2)) = 1 ] || order=(--fleet-ours-first)
@@ -100,9 +103,12 @@ for n in $PROCS; do
         done
         jq -rs 'map(select(.side != "raw")) as $d
                 | def med(f): ($d | map(f) | sort | .[(length - 1) / 2 | floor]);
-                  def by(o): ($d | map(select(.first == o) | .ratio_to_raw) | sort
-                                 | if length == 0 then "-" else "\(.[(length - 1) / 2 | floor]) of \(length)" end);
-                "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition, \(med(.client_user_ratio_to_raw)) x raw client user time (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max)); raw first \(by("raw")), ours first \(by("ours"))"' \
+                  def order(o): ($d | map(select(.first == o) | .ratio_to_raw) | sort);
+                  def omed(o): (order(o) | if length == 0 then null else .[(length - 1) / 2 | floor] end);
+                  def by(o): (if omed(o) == null then "-" else "\(omed(o)) of \(order(o) | length)" end);
+                  def balanced: (if omed("raw") == null or omed("ours") == null then "-"
+                                 else (omed("raw") * omed("ours")) | sqrt | . * 1000 | round / 1000 end);
+                "=> N=\($d[0].clients) names=\($d[0].names): median of \($d | length): \(med(.ratio_to_raw)) x raw throughput, \(med(.cpu_ratio_to_raw)) x raw server CPU per acquisition, \(med(.client_user_ratio_to_raw)) x raw client user time (range \($d | map(.ratio_to_raw) | min)-\($d | map(.ratio_to_raw) | max)); raw first \(by("raw")), ours first \(by("ours")); balanced \(balanced)"' \
             "$OUT/case.jsonl"
         [ "$names" != "$n" ] || break
     done
