@@ -18,7 +18,9 @@
 # fit the largest N plus room: every process of both sides holds one
 # connection), OUT (directory for the JSON lines), CALIBRATE (1: a second raw
 # floor runs where dbmutex would, labelled raw-b: how far apart the harness
-# puts two identical sides; a ratio read against it).
+# puts two identical sides; a ratio read against it), PAD_LINES (with
+# CALIBRATE=1: the second raw floor also runs that many cache lines of code
+# of its own per acquisition, src/pad.rs; an experiment).
 #
 # Columns: throughput, p99 wait, server connections at peak, server CPU per
 # acquisition; for dbmutex's side, against the raw floor's: throughput,
@@ -33,7 +35,7 @@ ROUNDS=${ROUNDS:-3}
 LOAD=${LOAD:-0}
 CALIBRATE=${CALIBRATE:-0}
 calibrate=()
-[ "$CALIBRATE" = 0 ] || calibrate=(--fleet-calibrate)
+[ "$CALIBRATE" = 0 ] || calibrate=(--fleet-calibrate --fleet-pad-lines "${PAD_LINES:-0}")
 OUT=${OUT:-$(mktemp -d -t dbmutex-fleet.XXXXXX)}
 mkdir -p "$OUT"
 max_n=$(tr ' ' '\n' <<<"$PROCS" | sort -n | tail -n1)

@@ -62,6 +62,7 @@ pub async fn worker(
     start_ms: u64,
     end_ms: u64,
     app: &str,
+    pad_lines: usize,
 ) -> anyhow::Result<()> {
     let mut waits = Latencies::default();
     let lock_name = LockName::from(name);
@@ -103,6 +104,10 @@ pub async fn worker(
                 dbmutex::key::PgKey::Pair(a, b) => (a, b),
                 _ => bail!("a string name maps to two int4 keys"),
             };
+            let pad = match pad_lines {
+                0 => None,
+                n => Some(crate::pad::Pad::new(n)?),
+            };
             let lock = client.prepare("SELECT pg_advisory_lock($1, $2)").await?;
             let unlock = client.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
             ready(&out, start_ms).await?;
@@ -112,6 +117,9 @@ pub async fn worker(
                 client.execute(&lock, &[&k1, &k2]).await?;
                 waits.record(t.elapsed());
                 client.execute(&unlock, &[&k1, &k2]).await?;
+                if let Some(pad) = &pad {
+                    pad.run();
+                }
             }
             report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
@@ -235,6 +243,10 @@ async fn run_side(env: &Env, side: Side, procs: usize, names: usize) -> anyhow::
                 "--fleet-app",
                 &app,
             ])
+            .args(match (side, env.p.pad_lines) {
+                (Side::RawAgain, n) if n > 0 => vec!["--fleet-pad-lines".to_string(), n.to_string()],
+                _ => Vec::new(),
+            })
             .args([
                 "--fleet-start-ms",
                 &start_ms.to_string(),

@@ -7,6 +7,7 @@ mod cycles;
 mod fairness;
 mod fleet;
 mod floor;
+mod pad;
 mod paired;
 mod probe;
 mod raw;
@@ -96,6 +97,11 @@ struct Cli {
     /// first side's backends exiting, the server's caches) weighs on both.
     #[arg(long)]
     fleet_ours_first: bool,
+    /// `fleet` with `--fleet-calibrate`: the second raw floor also runs this
+    /// many cache lines of code of its own per acquisition (an experiment:
+    /// does code touched cost a fleet worker what dbmutex's extra costs?).
+    #[arg(long, default_value_t = 0)]
+    fleet_pad_lines: usize,
     /// `fleet-worker` only (set by `fleet`): which side, name, start and
     /// end (ms since the epoch) and application_name.
     #[arg(long, hide = true, default_value = "dbmutex")]
@@ -215,6 +221,7 @@ fn fleet_worker(cli: &Cli) -> ExitCode {
         cli.fleet_start_ms,
         cli.fleet_end_ms,
         &cli.fleet_app,
+        cli.fleet_pad_lines,
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -279,6 +286,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             names: cli.names,
             calibrate: cli.fleet_calibrate,
             ours_first: cli.fleet_ours_first,
+            pad_lines: cli.fleet_pad_lines,
         },
         fenced: cli.fenced,
     };

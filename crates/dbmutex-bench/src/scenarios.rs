@@ -51,6 +51,9 @@ pub struct Params {
     pub calibrate: bool,
     /// `fleet`: the second side runs first.
     pub ours_first: bool,
+    /// `fleet`, calibrating: lines of code the second raw floor runs per
+    /// acquisition besides its statements (`pad.rs`).
+    pub pad_lines: usize,
 }
 
 /// What every scenario of a run shares.
