@@ -67,6 +67,16 @@ pub async fn worker(
     let mut waits = Latencies::default();
     let lock_name = LockName::from(name);
     let out = std::io::stdout();
+    // Only the A/A run's second raw floor is given padding (`run_side`).
+    let pad = match pad_lines {
+        0 => None,
+        n => Some(crate::pad::Pad::new(n)?),
+    };
+    let pad = || {
+        if let Some(p) = &pad {
+            p.run();
+        }
+    };
     match side {
         Side::Dbmutex => {
             let locker = Locker::builder(url).application_name(app).connect().await?;
@@ -83,7 +93,7 @@ pub async fn worker(
             drop(locker);
         }
         #[cfg(feature = "etcd")]
-        Side::Raw if url.starts_with("etcd") => {
+        Side::Raw | Side::RawAgain if url.starts_with("etcd") => {
             let client = crate::raw_etcd::connect(url).await?;
             let mut m = crate::raw_etcd::EtcdMutex::new(client).await?;
             let prefix = crate::raw_etcd::queue(name);
@@ -94,6 +104,7 @@ pub async fn worker(
                 m.lock(&prefix).await?;
                 waits.record(t.elapsed());
                 m.unlock().await?;
+                pad();
             }
             report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
@@ -104,10 +115,6 @@ pub async fn worker(
                 dbmutex::key::PgKey::Pair(a, b) => (a, b),
                 _ => bail!("a string name maps to two int4 keys"),
             };
-            let pad = match pad_lines {
-                0 => None,
-                n => Some(crate::pad::Pad::new(n)?),
-            };
             let lock = client.prepare("SELECT pg_advisory_lock($1, $2)").await?;
             let unlock = client.prepare("SELECT pg_advisory_unlock($1, $2)").await?;
             ready(&out, start_ms).await?;
@@ -117,9 +124,7 @@ pub async fn worker(
                 client.execute(&lock, &[&k1, &k2]).await?;
                 waits.record(t.elapsed());
                 client.execute(&unlock, &[&k1, &k2]).await?;
-                if let Some(pad) = &pad {
-                    pad.run();
-                }
+                pad();
             }
             report(&out, &waits, Usage::now().since(&cpu0))?;
             wait_for_eof();
@@ -341,6 +346,9 @@ pub async fn fleet(env: &Env, procs: usize, names: usize) -> anyhow::Result<Vec<
         dbmutex::BackendKind::Postgres | dbmutex::BackendKind::Etcd
     ) {
         bail!("fleet measures PostgreSQL and etcd");
+    }
+    if env.p.pad_lines > 0 && !env.p.calibrate {
+        bail!("--fleet-pad-lines pads the A/A run's second raw floor: it needs --fleet-calibrate");
     }
     let second = match env.p.calibrate {
         true => Side::RawAgain,
