@@ -68,7 +68,7 @@ wait_run() {
     --fleet-app callgrind-partner --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null >/dev/null &
   local partner=$!
   local waits
-  waits=$(valgrind --tool=callgrind --callgrind-out-file="$file" -q \
+  waits=$(valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$file" -q \
     "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$1" --fleet-name "$name" \
     --fleet-app "callgrind-$1" --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null | grep '^waits')
   wait "$partner"
@@ -84,6 +84,7 @@ for side in raw dbmutex; do
   per=$(( (ir6 - ir2) / (n6 - n2) ))
   [ "$side" != raw ] || raw_wait=$per
   ratio=$(awk -v a="$per" -v b="$raw_wait" 'BEGIN { printf "%.3f", a / b }')
-  printf '{"side":"waiting-%s","acquisitions":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"callgrind_out":"%s"}\n' \
-    "$side" "$(( n6 - n2 ))" "$per" "$ratio" "$out/callgrind.waiting-$side.6"
+  fp=$(scripts/code-footprint.py "$(( n6 - n2 ))" "$out/callgrind.waiting-$side.2" "$out/callgrind.waiting-$side.6")
+  printf '{"side":"waiting-%s","acquisitions":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"callgrind_out":"%s"}\n' \
+    "$side" "$(( n6 - n2 ))" "$per" "$ratio" "$fp" "$out/callgrind.waiting-$side.6"
 done

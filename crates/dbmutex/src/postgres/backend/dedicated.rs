@@ -326,16 +326,16 @@ impl Grant for DedicatedGrant {
             } else {
                 lock.unlock().await
             };
-            abandoned.disarm();
+            let conn = abandoned.take().expect("armed until answered");
             // After the unlock, so the next task of this process finds the
             // server lock free.
             drop(hold);
             // Confirmed released: the session holds nothing and can serve
             // the next wait. On any doubt it is closed instead.
             if r.is_ok() {
-                spares.0.put(lock.conn);
+                spares.0.put(conn);
             } else {
-                lock.conn.close();
+                conn.close();
             }
             r
         })

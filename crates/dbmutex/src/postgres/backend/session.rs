@@ -99,10 +99,11 @@ impl Release {
             let Release {
                 lock, hold, budget, ..
             } = self;
+            let name = lock.name.clone();
             let r = lock.unlock().await;
             drop((hold, budget));
             if let Err(e) = r {
-                tracing::warn!(name = %lock.name, error = %e, "dbmutex: unlock on drop failed");
+                tracing::warn!(name = %name, error = %e, "dbmutex: unlock on drop failed");
             }
         }));
     }

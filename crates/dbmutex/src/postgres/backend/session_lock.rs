@@ -24,24 +24,23 @@ pub(crate) struct SessionLock {
 
 impl SessionLock {
     /// `pg_advisory_unlock*`: `Err(LockLost)` when the server says we did
-    /// not hold it or the connection is gone.
-    pub(crate) async fn unlock(&self) -> Result<()> {
-        let (conn, name) = (&self.conn, &self.name);
-        let lost = || Error::LockLost {
+    /// not hold it or the connection is gone. Sent at the first poll;
+    /// dropped after it, the unlock still runs (its answer unread).
+    pub(crate) async fn unlock(self) -> Result<()> {
+        let lost = |name: &LockName| Error::LockLost {
             name: name.to_string(),
         };
-        if conn.is_lost() {
-            return Err(lost());
+        if self.conn.is_lost() {
+            return Err(lost(&self.name));
         }
-        match conn
-            .lock_call(Call::Unlock, self.mode, &self.key, name, self.text)
-            .await
-        {
+        let (lock, answer) = self.call(Call::Unlock).await;
+        let conn = &lock.conn;
+        match answer {
             Ok(Some(true)) => Ok(()),
             // Not held, or (`None`) the statement ran on another server
             // session: ours has been ended, and its locks with it.
-            Ok(Some(false) | None) => Err(lost()),
-            Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => Err(lost()),
+            Ok(Some(false) | None) => Err(lost(&lock.name)),
+            Err(e) if e.is_closed() || conn.is_lost() || is_session_end(&e) => Err(lost(&lock.name)),
             Err(e) => {
                 // The lock's fate is unknown: close the session so the server
                 // frees it for sure.
@@ -67,18 +66,7 @@ impl SessionLock {
     /// taken the key since. The lock goes with the statement and comes back
     /// with its answer: no copy of it (and its name) per try.
     pub(crate) async fn try_lock(self) -> (SessionLock, Result<bool>) {
-        let call = InFlight {
-            runtime: self.conn.runtime.clone(),
-            call: Some(Reused::new(&TRIES, move || async move {
-                let answer = self
-                    .conn
-                    .lock_call(Call::Try, self.mode, &self.key, &self.name, self.text)
-                    .await;
-                (self, answer)
-            })),
-            sent: false,
-        };
-        let (lock, answer) = call.await;
+        let (lock, answer) = self.call(Call::Try).await;
         let got = match answer {
             Err(e) => Err(db_err(e, &lock.name)),
             Ok(None) => Err(Error::Unsupported(pooler::SESSION_LOCKS_UNSAFE.into())),
@@ -86,28 +74,51 @@ impl SessionLock {
         };
         (lock, got)
     }
+
+    /// The try's, the unbounded wait's or the unlock's statement on its
+    /// way, carrying the lock ([`PgConn::lock_call`]'s answer). All three
+    /// are this one future, made only here: the code that runs them
+    /// (tokio-postgres's query path with it) is one copy in the binary, not
+    /// one per caller, and an acquisition touches it once for all
+    /// (BENCHMARKS.md, "code touched").
+    pub(super) fn call(self, call: Call) -> InFlight {
+        InFlight {
+            runtime: self.conn.runtime.clone(),
+            undo: call == Call::Try,
+            call: Some(Reused::new(&CALLS, move || async move {
+                let answer = self
+                    .conn
+                    .lock_call(call, self.mode, &self.key, &self.name, self.text)
+                    .await;
+                (self, answer)
+            })),
+            sent: false,
+        }
+    }
 }
 
-type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
+pub(super) type Answer = std::result::Result<Option<bool>, tokio_postgres::Error>;
 
-/// The try's statement, boxed (in the box of this thread's last try that
-/// answered): it owns the lock until it answers.
-type TryCall = Reused<'static, (SessionLock, Answer)>;
+/// A try's or an unlock's statement, boxed (in the box of this thread's
+/// last one that answered): it owns the lock until it answers.
+type LockCall = Reused<'static, (SessionLock, Answer)>;
 
 crate::core::reuse::shelf! {
-    /// The spare allocation of each thread's tries ([`TryCall`]).
-    static TRIES;
+    /// The spare allocation of each thread's lock calls ([`LockCall`]).
+    static CALLS;
 }
 
-/// A try on its way, carrying its lock: polled in place; dropped once sent
-/// (polled) and unanswered, it is finished in the background and its
-/// lock, if it got one, given back. Dropped before its first poll, nothing
-/// was sent.
-struct InFlight {
-    /// The connection's runtime, where an abandoned call is finished.
+/// A try or an unlock on its way, carrying its lock: polled in place.
+/// Dropped before its first poll, nothing was sent. A try dropped once
+/// sent (polled) and unanswered is finished in the background and its
+/// lock, if it got one, given back; an unlock sent runs without us.
+pub(super) struct InFlight {
+    /// The connection's runtime, where an abandoned try is finished.
     runtime: tokio::runtime::Handle,
-    call: Option<TryCall>,
+    call: Option<LockCall>,
     sent: bool,
+    /// A try: what it took, if abandoned, is unlocked.
+    undo: bool,
 }
 
 impl std::future::Future for InFlight {
@@ -130,7 +141,7 @@ impl std::future::Future for InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(call) = self.call.take().filter(|_| self.sent) {
+        if let Some(call) = self.call.take().filter(|_| self.sent && self.undo) {
             drop(self.runtime.spawn(async move {
                 if let (lock, Ok(Some(true))) = call.await {
                     let _ = lock.unlock().await;

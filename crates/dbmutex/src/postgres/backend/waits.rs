@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::conn::{PgConn, Text};
 use super::introspect;
 use super::pooler;
+use super::session_lock::SessionLock;
 use super::xact::wait_xact_dedicated;
 use crate::core::detach::Undo;
 use crate::core::wait::Deadline;
@@ -107,17 +108,17 @@ async fn wait_session_one(
             .map(|rows| rows.len() == 1)
     } else if deadline == Deadline::NEVER && conn.has_no_lock_timeout() {
         // No bound, and no timeout in force to clear (`wait_dedicated`
-        // sends none here with a `statement_timeout`): the plain wait.
-        match conn.prepared_unbounded_wait(opts.mode, &key).await {
-            Ok(stmt) => {
-                let (values, n) = params.key_values();
-                conn.client
-                    .execute(stmt, &values[..n])
-                    .await
-                    .map(|rows| rows == 1)
-            }
-            Err(e) => Err(e),
-        }
+        // sends none here with a `statement_timeout`): the plain wait, as
+        // the lock session's try and unlock go (one body of code for the
+        // three; `SessionLock::call`).
+        let lock = SessionLock {
+            conn: conn.clone(),
+            key,
+            mode: opts.mode,
+            name: name.clone(),
+            text: Text::Prepared,
+        };
+        lock.call(Call::Wait).await.1.map(|row| row.is_some())
     } else {
         match conn.prepared_wait(opts.mode, &key).await {
             Ok(stmt) => {

@@ -240,7 +240,7 @@ impl PgConn {
 
     /// Whether the claim found no `lock_timeout` in force: a wait without a
     /// bound then needs no settings of its own (see
-    /// [`prepared_unbounded_wait`](Self::prepared_unbounded_wait)).
+    /// [`prepared_wait`](Self::prepared_wait)).
     pub(crate) fn has_no_lock_timeout(&self) -> bool {
         !self.lock_timeout.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -22,7 +22,7 @@ pub(super) fn slot(call: Call, mode: Mode, key: &PgKey) -> usize {
 }
 
 /// The slot of `mode` and `key`'s form among the 4 of one call (as in
-/// `PgConn::unbounded_waits`).
+/// `PgConn::bounded_waits`).
 fn form(mode: Mode, key: &PgKey) -> usize {
     usize::from(mode == Mode::Shared) * 2 + usize::from(matches!(key, PgKey::Big(_)))
 }
@@ -62,14 +62,19 @@ impl PgConn {
     }
 
     /// [`sql::bounded_wait_plain`] for `mode` and `key`'s form, prepared on
-    /// first use and cached for the connection.
+    /// first use and cached for the connection. A wait without a bound, on
+    /// a session with no `statement_timeout` and no `lock_timeout` in force
+    /// (as the claim read them), where its two `set_config`s would set what
+    /// is already so, is the plain lock statement instead: [`Call::Wait`]
+    /// in [`PgConn::lock_call`] (the raw floor's statement and the claim
+    /// check).
     pub(crate) async fn prepared_wait(
         &self,
         mode: Mode,
         key: &PgKey,
     ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
-        let at = slot(Call::Wait, mode, key);
-        if let Some(s) = self.statements[at].get() {
+        let at = form(mode, key);
+        if let Some(s) = self.bounded_waits[at].get() {
             return Ok(s);
         }
         let mut types = key_types(key);
@@ -78,26 +83,7 @@ impl PgConn {
             .client
             .prepare_typed(&sql::bounded_wait_plain(mode, key, self.checked_owner()), &types)
             .await?;
-        Ok(self.statements[at].get_or_init(|| s))
-    }
-
-    /// `SELECT pg_advisory_lock*($1[, $2]) WHERE <guard>` for `mode` and
-    /// `key`'s form, prepared on first use and cached for the connection:
-    /// a wait without a bound on a session with no `statement_timeout` and
-    /// no `lock_timeout` in force (as the claim read them), where
-    /// [`prepared_wait`](Self::prepared_wait)'s two `set_config`s would set
-    /// what is already so. The raw floor's statement and the claim check.
-    pub(crate) async fn prepared_unbounded_wait(
-        &self,
-        mode: Mode,
-        key: &PgKey,
-    ) -> std::result::Result<&tokio_postgres::Statement, tokio_postgres::Error> {
-        let at = form(mode, key);
-        if let Some(s) = self.unbounded_waits[at].get() {
-            return Ok(s);
-        }
-        let s = self.prepare_one(Call::Wait, mode, key).await?;
-        Ok(self.unbounded_waits[at].get_or_init(|| s))
+        Ok(self.bounded_waits[at].get_or_init(|| s))
     }
 
     /// The claim token this connection's prepared lock statements check

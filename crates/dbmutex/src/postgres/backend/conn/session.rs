@@ -92,9 +92,10 @@ pub(crate) struct PgConn {
     /// slot per call, mode and key form (see `prepared.rs`): the hot path
     /// finds one with no SQL text, no hash and no lock, and borrows it.
     pub(super) statements: [std::sync::OnceLock<tokio_postgres::Statement>; 12],
-    /// Prepared waits without a bound (see `prepared.rs`), one per mode and
-    /// key form: no settings to set, as none is in force.
-    pub(super) unbounded_waits: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
+    /// Prepared bounded waits that set their own timeouts
+    /// ([`sql::bounded_wait_plain`], see `prepared.rs`), one per mode and
+    /// key form. A wait without a bound is `statements`' wait.
+    pub(super) bounded_waits: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
     /// The lock statements this connection has `PREPARE`d ([`Text::Executed`]):
     /// bit `prepared::slot(call, mode, key)` each (read on every try: no
     /// lock, no hash).
@@ -210,7 +211,7 @@ impl PgConn {
             beat_mode: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             statements: Default::default(),
-            unbounded_waits: Default::default(),
+            bounded_waits: Default::default(),
             executed: Default::default(),
             last_name: Default::default(),
             last_answer_ms: std::sync::atomic::AtomicU64::new(0),
