@@ -131,7 +131,7 @@ pub struct LockGuard {
     max_hold_at: Option<tokio::time::Instant>,
     /// The locker's server-wait permit a wait in the server took (its
     /// connection), kept until the lock is released.
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    _permit: Option<super::permits::Permit>,
     /// Lock-delay's renewal, when asked for; opened at a clean release.
     delay: Option<Renewal>,
 }
@@ -150,7 +150,7 @@ impl LockGuard {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         grant: Box<dyn Grant>,
-        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        permit: Option<super::permits::Permit>,
         name: LockName,
         mode: Mode,
         fence: Option<u64>,

@@ -24,6 +24,7 @@ pub(crate) mod guard;
 pub(crate) mod idle;
 pub(crate) mod loss;
 pub(crate) mod metrics;
+pub(crate) mod permits;
 pub(crate) mod pipeline;
 pub(crate) mod queue;
 #[allow(unsafe_code)]

@@ -9,14 +9,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::Semaphore;
-
-use tokio::sync::OwnedSemaphorePermit;
-
 use super::arbiter::{Arbiter, SlotExt};
 use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
+use super::permits::{Permit, Permits};
 use super::reuse::Reused;
 use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
@@ -78,16 +75,14 @@ pub(crate) struct Pipeline<B: Backend> {
     count: Arc<AtomicUsize>,
     /// Permits to wait in the server under [`WaitIn::TryThenServer`]; a
     /// grant won that way keeps its permit until released.
-    server_waits: Arc<Semaphore>,
+    server_waits: Arc<Permits>,
 }
 
 impl<B: Backend> Pipeline<B> {
     pub(crate) fn new(backend: B, kind: BackendKind, settings: Settings, id: u64) -> Self {
         Pipeline {
             kind,
-            server_waits: Arc::new(Semaphore::new(
-                settings.max_server_waits.min(Semaphore::MAX_PERMITS),
-            )),
+            server_waits: Permits::new(settings.max_server_waits),
             backend,
             arbiter: Arc::default(),
             settings,
@@ -350,13 +345,13 @@ impl<B: Backend> Pipeline<B> {
         max_backoff: std::time::Duration,
     ) -> Result<Option<Granted>> {
         // Polling is the rare way here: boxed, so the wait's future stays small.
-        let (tries, permit) = match self.server_waits.clone().try_acquire_owned() {
-            Ok(permit) => match self.backend.wait_in_server(tries, at).await? {
+        let (tries, permit) = match self.server_waits.try_take() {
+            Some(permit) => match self.backend.wait_in_server(tries, at).await? {
                 Waited::Granted(g) => return Ok(Some(Granted::new(g, Some(permit)))),
                 Waited::TimedOut => return Ok(None),
                 Waited::Poll(tries) => (tries, Some(permit)),
             },
-            Err(_) => (tries, None),
+            None => (tries, None),
         };
         drop(permit);
         Ok(Box::pin(self.poll(&tries, at, max_backoff))
@@ -481,11 +476,11 @@ impl<B: Backend> Engine for Pipeline<B> {
 /// A grant, with the server-wait permit it took (kept until released).
 struct Granted {
     grant: Box<dyn Grant>,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Permit>,
 }
 
 impl Granted {
-    fn new(grant: Box<dyn Grant>, permit: Option<OwnedSemaphorePermit>) -> Self {
+    fn new(grant: Box<dyn Grant>, permit: Option<Permit>) -> Self {
         Granted { grant, permit }
     }
 }
