@@ -10,7 +10,7 @@ use super::budget;
 use super::conn::{Connector, PgConn, Text};
 use super::handoff::PgHold;
 use super::session_lock::SessionLock;
-use super::waits::wait_dedicated;
+use super::waits::{wait_dedicated, Got};
 use crate::core::backend::{Attempt, Backend};
 use crate::core::detach::Undo;
 use crate::core::guard::{releasing, BoxFuture, DelayRecord, Grant, OnSession, Releasing};
@@ -143,29 +143,28 @@ impl Spares {
                 (c, got)
             }
         };
-        let text = text(&conn);
         match got {
-            Ok(true) => Ok(Some(Box::new(DedicatedGrant::new(
-                SessionLock {
+            Ok(Got::Yes(made)) => Ok(Some(Box::new(DedicatedGrant::new(
+                made.unwrap_or_else(|| SessionLock {
+                    text: text(&conn),
                     conn,
                     key,
                     mode: opts.mode,
                     name: name.clone(),
-                    text,
-                },
+                }),
                 opts.transaction,
                 settings,
                 self.clone(),
                 ticket.granted(),
                 hold,
             )))),
-            Ok(false) if !opts.transaction => {
+            Ok(Got::No) if !opts.transaction => {
                 // A refused try or a timed-out wait leaves the session clean
                 // (the timeout's implicit transaction has ended).
                 self.0.put(conn);
                 Ok(None)
             }
-            Ok(false) => {
+            Ok(Got::No) => {
                 conn.close();
                 Ok(None)
             }

@@ -29,7 +29,7 @@ pub(super) async fn wait_dedicated(
     deadline: Deadline,
     text: Text,
     session_names: Option<bool>,
-) -> Result<bool> {
+) -> Result<Got> {
     let mut abandon = Undo::with(conn.clone(), |c| c.cancel_and_close());
     let named = text == Text::Named;
     if session_names.is_some() {
@@ -53,11 +53,34 @@ pub(super) async fn wait_dedicated(
         }
         // Boxed: a lock session's wait is the common one, and these futures
         // would make every wait's larger.
-        _ if opts.transaction => Box::pin(wait_xact_dedicated(conn, name, key, opts, deadline, named)).await,
-        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, deadline, named)).await,
+        _ if opts.transaction => Box::pin(wait_xact_dedicated(conn, name, key, opts, deadline, named))
+            .await
+            .map(Got::made_none),
+        _ => Box::pin(wait_session_dedicated(conn, name, key, opts, deadline, named))
+            .await
+            .map(Got::made_none),
     };
     abandon.disarm();
     got
+}
+
+/// What a wait ended with.
+pub(super) enum Got {
+    /// Not granted: refused, or its bound passed.
+    No,
+    /// Granted; with the lock's value when the wait made one (the plain
+    /// wait: [`SessionLock::call`]), which the grant then takes as it is
+    /// instead of copying the name again.
+    Yes(Option<SessionLock>),
+}
+
+impl Got {
+    fn made_none(got: bool) -> Got {
+        match got {
+            true => Got::Yes(None),
+            false => Got::No,
+        }
+    }
 }
 
 /// Claims `conn`'s server session (see `conn/claim.rs`); a session lock on
@@ -81,7 +104,7 @@ async fn wait_session_one(
     opts: &LockOptions,
     deadline: Deadline,
     comment: bool,
-) -> Result<bool> {
+) -> Result<Got> {
     // Claimed by `wait_dedicated`, before it chose this form.
     let params = sql::Params::of(&key, conn.owner());
     // Whether the statement returned its one row (none: the claim check
@@ -110,7 +133,7 @@ async fn wait_session_one(
         // No bound, and no timeout in force to clear (`wait_dedicated`
         // sends none here with a `statement_timeout`): the plain wait, as
         // the lock session's try and unlock go (one body of code for the
-        // three; `SessionLock::call`).
+        // three; `SessionLock::call`). Its lock, granted, is the grant's.
         let lock = SessionLock {
             conn: conn.clone(),
             key,
@@ -118,7 +141,12 @@ async fn wait_session_one(
             name: name.clone(),
             text: Text::Prepared,
         };
-        lock.call(Call::Wait).await.1.map(|row| row.is_some())
+        let (lock, answer) = lock.call(Call::Wait).await;
+        let got = settle_wait(conn, name, key, opts, answer.map(|row| row.is_some())).await?;
+        return Ok(match got {
+            true => Got::Yes(Some(lock)),
+            false => Got::No,
+        });
     } else {
         match conn.prepared_wait(opts.mode, &key).await {
             Ok(stmt) => {
@@ -134,7 +162,7 @@ async fn wait_session_one(
             Err(e) => Err(e),
         }
     };
-    settle_wait(conn, name, key, opts, ran).await
+    settle_wait(conn, name, key, opts, ran).await.map(Got::made_none)
 }
 
 /// What a wait statement's outcome (`Ok(false)`: it ran on a session that is

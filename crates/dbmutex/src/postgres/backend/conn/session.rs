@@ -379,7 +379,12 @@ impl PgConn {
     fn answered(self: &Arc<Self>, row: Option<&tokio_postgres::Row>) -> Option<bool> {
         self.heard_from_server();
         match row {
-            Some(r) => Some(r.try_get::<_, bool>(0).unwrap_or(true)),
+            // A wait's void column is `true`; typed first, so that it
+            // makes no error value to throw away.
+            Some(r) => Some(match r.columns().first() {
+                Some(c) if *c.type_() == tokio_postgres::types::Type::BOOL => r.try_get(0).unwrap_or(true),
+                _ => true,
+            }),
             None => {
                 self.moved();
                 None
