@@ -286,6 +286,8 @@ fi
 if [ "${CLI:-1}" != 0 ]; then
     echo "== dbmutex run NAME -- true beside true, flock(1) and the database's own client (median ms)"
     cargo build --profile dist -q -p dbmutex-cli
+    # The raw floor beside it (connect, try, the command, unlock).
+    cargo build --profile dist -q -p dbmutex-bench --bin raw-run
     DBMUTEX_TEST_PG_URL="$PG_URL" DBMUTEX_TEST_MYSQL_URL="$MYSQL_URL" \
         BACKENDS="postgres $($my_up && echo mysql) local" scripts/cli-overhead.sh "${CLI_RUNS:-100}" | tee "$OUT/cli.jsonl"
 fi

@@ -2,8 +2,10 @@
 # What `dbmutex run` adds to the command it wraps: the median wall time of
 # `true`, `flock FILE true`, the database's own client taking the same lock
 # (`psql -c "SELECT pg_try_advisory_lock(..)"`, `mariadb -e "SELECT
-# GET_LOCK(..)"`; none for local) and `dbmutex run NAME -- true`, on each
-# backend, measured in the same run. Prints one JSON object per backend.
+# GET_LOCK(..)"`; none for local), on PostgreSQL the raw floor (`raw-run`:
+# connect, try, run the command, unlock, in a minimal tokio-postgres
+# program) and `dbmutex run NAME -- true`, on each backend, measured in the
+# same run. Prints one JSON object per backend.
 #
 # Usage: scripts/cli-overhead.sh [RUNS]          (default 200 runs per command)
 #
@@ -11,7 +13,15 @@
 #   DBMUTEX                 the binary (default: the dist build under
 #                           $CARGO_TARGET_DIR, else target/; build it with
 #                           `cargo build --profile dist -p dbmutex-cli`)
-#   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test)
+#   DBMUTEX_TEST_PG_URL     PostgreSQL URL (default postgres://postgres@127.0.0.1:5432/test);
+#                           without an sslmode, sslmode=disable is added (as
+#                           bench.sh does): the floor is plaintext, and on a
+#                           server with ssl=on the TLS handshake would add
+#                           ~2 ms to dbmutex and psql alike
+#   RAW_RUN                 the floor's binary (default: the dist build of
+#                           dbmutex-bench's raw-run beside DBMUTEX; build it
+#                           with `cargo build --profile dist -p dbmutex-bench
+#                           --bin raw-run`); timed only with sslmode=disable
 #   DBMUTEX_TEST_MYSQL_URL  MySQL/MariaDB URL (default mysql://root@127.0.0.1:3306/test)
 #   BACKENDS                which backends (default "local postgres mysql")
 #   BASELINE                a second dbmutex binary (e.g. an earlier build), timed
@@ -23,6 +33,12 @@ cd "$(dirname "$0")/.."
 runs=${1:-200}
 dbmutex=${DBMUTEX:-${CARGO_TARGET_DIR:-target}/dist/dbmutex}
 pg_url=${DBMUTEX_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+case $pg_url in
+  *sslmode=*) ;;
+  *\?*) pg_url="$pg_url&sslmode=disable" ;;
+  *) pg_url="$pg_url?sslmode=disable" ;;
+esac
+raw_run=${RAW_RUN:-$(dirname "$dbmutex")/raw-run}
 mysql_url=${DBMUTEX_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
 true_bin=$(command -v true | grep / || echo /bin/true)
 [ -x "$true_bin" ] || true_bin=/bin/true
@@ -42,6 +58,15 @@ cp "$dbmutex" "$work/dbmutex" && dbmutex=$work/dbmutex
 if [ -n "${BASELINE:-}" ]; then
   cp "$BASELINE" "$work/dbmutex-baseline" && BASELINE=$work/dbmutex-baseline
 fi
+case $pg_url in
+  *sslmode=disable*)
+    if [ ! -x "$raw_run" ]; then
+      echo "cli-overhead.sh: no floor binary at $raw_run; run cargo build --profile dist -p dbmutex-bench --bin raw-run" >&2
+      exit 1
+    fi
+    cp "$raw_run" "$work/raw-run" && raw_run=$work/raw-run ;;
+  *) raw_run= ;;
+esac
 name="cli-overhead-$$"
 
 # elapsed_us CMD...: runs CMD once and prints its wall time in microseconds
@@ -92,7 +117,13 @@ for backend in ${BACKENDS:-local postgres mysql}; do
     exit 1
   fi
   # Interleaved, so that load from elsewhere weighs on all three alike.
-  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client" && : >"$work/t_base"
+  : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client" && : >"$work/t_base" && : >"$work/t_raw"
+  # The floor: PostgreSQL only (the key is any integer of its own).
+  floor=
+  if [ "$backend" = postgres ] && [ -n "$raw_run" ]; then
+    floor=1
+    "$raw_run" "$pg_url" 4243 "$true_bin" || { echo "cli-overhead.sh: raw-run fails" >&2; exit 1; }
+  fi
   for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
     a=$(elapsed_us "$true_bin")
     b=$(elapsed_us flock "$work/flock" "$true_bin")
@@ -107,10 +138,13 @@ for backend in ${BACKENDS:-local postgres mysql}; do
       e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
     fi
     d=$(client_us "$backend")
+    f=
+    [ -z "$floor" ] || f=$(elapsed_us "$raw_run" "$pg_url" 4243 "$true_bin")
     if ((i >= 0)); then
       echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
       [ -z "$d" ] || echo "$d" >>"$work/t_client"
       [ -z "$e" ] || echo "$e" >>"$work/t_base"
+      [ -z "$f" ] || echo "$f" >>"$work/t_raw"
     fi
   done
   t_true=$(median_ms <"$work/t_true")
@@ -120,6 +154,11 @@ for backend in ${BACKENDS:-local postgres mysql}; do
   [ ! -s "$work/t_client" ] || t_client=$(median_ms <"$work/t_client")
   base=
   [ ! -s "$work/t_base" ] || base=,\"baseline_run_ms\":$(median_ms <"$work/t_base")
-  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"db_client_ms":%s,"dbmutex_run_ms":%s%s}\n' \
-    "$backend" "$runs" "$t_true" "$t_flock" "$t_client" "$t_dbmutex" "$base"
+  raw=
+  if [ -s "$work/t_raw" ]; then
+    t_raw=$(median_ms <"$work/t_raw")
+    raw=,\"raw_floor_ms\":$t_raw,\"x_raw_floor\":$(awk -v d="$t_dbmutex" -v r="$t_raw" 'BEGIN { printf "%.3f", d / r }')
+  fi
+  printf '{"backend":"%s","runs":%d,"true_ms":%s,"flock_ms":%s,"db_client_ms":%s,"dbmutex_run_ms":%s%s%s}\n' \
+    "$backend" "$runs" "$t_true" "$t_flock" "$t_client" "$t_dbmutex" "$raw" "$base"
 done
