@@ -27,6 +27,11 @@ cd "$(dirname "$0")/.."
 
 say() { printf 'package.sh: %s\n' "$*" >&2; }
 status=0
+# The workspace's [profile.dev] (line tables only): the packaged manifests
+# carry no profiles, and built with cargo's default (full debug info) the
+# verification and doctest builds could reuse none of the workspace's
+# dependencies (CI: 69 s more). The setting changes no code that is built.
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 
 # python3 reads cargo's JSON; a fresh Debian machine may lack it (test.sh
 # installs its tools the same way).
