@@ -116,7 +116,7 @@ for backend in ${BACKENDS:-local postgres mysql}; do
     echo "cli-overhead.sh: dbmutex run fails on the $backend backend" >&2
     exit 1
   fi
-  # Interleaved, so that load from elsewhere weighs on all three alike.
+  # Interleaved, so that load from elsewhere weighs on all of them alike.
   : >"$work/t_true" && : >"$work/t_flock" && : >"$work/t_dbmutex" && : >"$work/t_client" && : >"$work/t_base" && : >"$work/t_raw"
   # The floor: PostgreSQL only (the key is any integer of its own).
   floor=
@@ -127,6 +127,12 @@ for backend in ${BACKENDS:-local postgres mysql}; do
   for ((i = -5; i < runs; i++)); do # the first 5 rounds warm up
     a=$(elapsed_us "$true_bin")
     b=$(elapsed_us flock "$work/flock" "$true_bin")
+    # The floor goes right before or right after dbmutex, in turn, and
+    # never right after psql, whose backend is still exiting then.
+    f=
+    if [ -n "$floor" ] && ((i % 2)); then
+      f=$(elapsed_us "$raw_run" "$pg_url" 4243 "$true_bin")
+    fi
     # The baseline goes right before or right after the head, in turn: a
     # fixed slot biased the comparison too.
     e=
@@ -137,9 +143,10 @@ for backend in ${BACKENDS:-local postgres mysql}; do
     if [ -n "${BASELINE:-}" ] && ! ((i % 2)); then
       e=$(use_backend "$backend" && elapsed_us "$BASELINE" run "$name" -- "$true_bin")
     fi
+    if [ -n "$floor" ] && ! ((i % 2)); then
+      f=$(elapsed_us "$raw_run" "$pg_url" 4243 "$true_bin")
+    fi
     d=$(client_us "$backend")
-    f=
-    [ -z "$floor" ] || f=$(elapsed_us "$raw_run" "$pg_url" 4243 "$true_bin")
     if ((i >= 0)); then
       echo "$a" >>"$work/t_true" && echo "$b" >>"$work/t_flock" && echo "$c" >>"$work/t_dbmutex"
       [ -z "$d" ] || echo "$d" >>"$work/t_client"
