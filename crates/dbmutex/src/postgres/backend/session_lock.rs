@@ -83,8 +83,9 @@ impl SessionLock {
     /// (BENCHMARKS.md, "code touched").
     pub(super) fn call(self, call: Call) -> InFlight {
         InFlight {
-            runtime: self.conn.runtime.clone(),
-            undo: call == Call::Try,
+            // Only an abandoned try needs the runtime (to give back what it
+            // took): the wait and the unlock take no copy of the handle.
+            undo: (call == Call::Try).then(|| self.conn.runtime.clone()),
             call: Some(Reused::new(&CALLS, move || async move {
                 let answer = self
                     .conn
@@ -113,12 +114,11 @@ crate::core::reuse::shelf! {
 /// sent (polled) and unanswered is finished in the background and its
 /// lock, if it got one, given back; an unlock sent runs without us.
 pub(super) struct InFlight {
-    /// The connection's runtime, where an abandoned try is finished.
-    runtime: tokio::runtime::Handle,
     call: Option<LockCall>,
     sent: bool,
-    /// A try: what it took, if abandoned, is unlocked.
-    undo: bool,
+    /// A try's: the connection's runtime, where an abandoned try is
+    /// finished and what it took unlocked.
+    undo: Option<tokio::runtime::Handle>,
 }
 
 impl std::future::Future for InFlight {
@@ -141,8 +141,11 @@ impl std::future::Future for InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(call) = self.call.take().filter(|_| self.sent && self.undo) {
-            drop(self.runtime.spawn(async move {
+        let Some(runtime) = self.undo.take() else {
+            return;
+        };
+        if let Some(call) = self.call.take().filter(|_| self.sent) {
+            drop(runtime.spawn(async move {
                 if let (lock, Ok(Some(true))) = call.await {
                     let _ = lock.unlock().await;
                 }
