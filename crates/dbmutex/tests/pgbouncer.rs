@@ -711,6 +711,73 @@ async fn connect_check_catches_a_fresh_round_robin_pool() {
     );
 }
 
+/// Over a Unix socket no connection is ever found direct, so the connect
+/// check always runs, its second connection made at once beside the lock
+/// session (`PgBackend::with_connector`): the check must stay as strong as
+/// over TCP. A transaction pooler (20 fresh round-robin pools of two warm
+/// server sessions, and a LIFO one) is caught and session locks refused,
+/// transaction locks work; a statement pooler is refused at connect; a
+/// session pooler that resets with `DISCARD ALL` passes and its session
+/// locks exclude a direct client; one whose reset keeps locks is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connect_check_holds_over_a_unix_socket() {
+    let mut missed = 0;
+    for round_robin in std::iter::repeat_n(true, 20).chain([false]) {
+        let bouncer = PgBouncer::start_with("transaction", 2, round_robin).await;
+        warm(&bouncer, 2).await;
+        let locker = Locker::connect(&bouncer.unix_url())
+            .await
+            .unwrap_or_else(|e| panic!("connect through pgbouncer's socket: {e}\n{}", bouncer.log()));
+        let name = unique("pgb-unix");
+        match locker.try_lock(name.as_str()).await {
+            Err(Error::Unsupported(msg)) => assert!(msg.contains("LockOptions::transaction(true)"), "{msg}"),
+            other => {
+                missed += 1;
+                println!("missed (round robin {round_robin}): {other:?}");
+            }
+        }
+        if !round_robin {
+            let g = locker
+                .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
+                .await
+                .unwrap()
+                .expect("free");
+            let direct = Locker::connect(&common::pg_url()).await.unwrap();
+            assert!(direct.try_lock(name.as_str()).await.unwrap().is_none(), "held");
+            g.release().await.unwrap();
+            assert!(common::free_for(&direct, &name).await);
+        }
+    }
+    assert_eq!(
+        missed, 0,
+        "the check missed {missed} of 21 transaction pools over a Unix socket"
+    );
+
+    let bouncer = PgBouncer::start("statement").await;
+    match Locker::connect(&bouncer.unix_url()).await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("statement-pooling"), "{msg}"),
+        other => panic!("a statement pooler over a Unix socket: {:?}", other.map(|_| ())),
+    }
+
+    let bouncer = PgBouncer::start("session").await;
+    let locker = Locker::connect(&bouncer.unix_url()).await.expect("session pool");
+    let name = unique("pgb-unix-session");
+    let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
+    let direct = Locker::connect(&common::pg_url()).await.unwrap();
+    assert!(direct.try_lock(name.as_str()).await.unwrap().is_none(), "held");
+    g.release().await.unwrap();
+    assert!(common::free_for(&direct, &name).await);
+
+    let bouncer = PgBouncer::start_configured("session", 2, false, "server_reset_query = RESET ALL").await;
+    match Locker::connect(&bouncer.unix_url()).await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("DISCARD ALL"), "{msg}"),
+        other => panic!(
+            "a reset that keeps locks, over a Unix socket: {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
 /// Fenced session locks through a transaction pooler that slipped past the
 /// connect check (1 or 2 lockers on a round-robin pool of two server
 /// sessions, 40 fresh poolers: claims stay on pooled sessions, so later lockers on one

@@ -65,7 +65,7 @@ impl PgBouncer {
                  [pgbouncer]\n\
                  listen_addr = 127.0.0.1\n\
                  listen_port = {port}\n\
-                 unix_socket_dir =\n\
+                 unix_socket_dir = {}\n\
                  auth_type = trust\n\
                  auth_file = {}\n\
                  pool_mode = {pool_mode}\n\
@@ -76,14 +76,16 @@ impl PgBouncer {
                  {extra}\n",
                 server.0,
                 server.1,
+                dir.display(),
                 users.display(),
                 rr = u8::from(round_robin),
             ),
         )
         .unwrap();
-        // pgbouncer refuses to run as root; it can drop to another user.
-        let world_readable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-        std::fs::set_permissions(&dir, world_readable).unwrap();
+        // pgbouncer refuses to run as root; it can drop to another user,
+        // which makes its Unix socket here.
+        let open_to_all = std::os::unix::fs::PermissionsExt::from_mode(0o1777);
+        std::fs::set_permissions(&dir, open_to_all).unwrap();
         let log = std::fs::File::create(dir.join("pgbouncer.log")).unwrap();
         let mut cmd = Command::new(std::env::var("DBMUTEX_PGBOUNCER").unwrap_or_else(|_| "pgbouncer".into()));
         if is_root() {
@@ -107,6 +109,13 @@ impl PgBouncer {
 
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/test?sslmode=disable", self.port)
+    }
+
+    /// The same pooler through its Unix socket (a connection there is
+    /// never found direct: no address to compare).
+    pub fn unix_url(&self) -> String {
+        let dir = self.dir.display().to_string().replace('/', "%2F");
+        format!("postgres://postgres@{dir}:{}/test?sslmode=disable", self.port)
     }
 
     pub fn port(&self) -> u16 {

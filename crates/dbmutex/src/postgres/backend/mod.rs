@@ -84,8 +84,34 @@ impl PgBackend {
                 slots: 100,
             }),
         };
-        // Connect now, so a bad URL, server or password fails here.
-        let session = backend.connector.connect(settings, true).await?;
+        // Connect now, so a bad URL, server or password fails here. Where
+        // no connection can be found direct (a Unix socket, several hosts),
+        // the pooler check below always needs a second one: both are made
+        // at once, which takes a whole connect off a start on the
+        // server's own host (BENCHMARKS.md, "`dbmutex run` through a Unix
+        // socket or NAT").
+        let (session, early) = if !settings.skip_pooler_check && backend.connector.never_direct() {
+            let (session, other) = tokio::join!(
+                backend.connector.connect(settings, true),
+                backend.connector.connect(settings, true)
+            );
+            match (session, other) {
+                (Ok(s), Ok(o)) => (s, Some(o)),
+                // Either failed: the one made is not kept.
+                (Err(e), other) => {
+                    if let Ok(o) = other {
+                        o.close();
+                    }
+                    return Err(e);
+                }
+                (Ok(s), Err(e)) => {
+                    s.close();
+                    return Err(e);
+                }
+            }
+        } else {
+            (backend.connector.connect(settings, true).await?, None)
+        };
         if let Some(t) = session.lock_table.get() {
             backend.budget = budget::Budget::new(*t);
         }
@@ -96,9 +122,13 @@ impl PgBackend {
         // finds a statement pooler (which refuses its BEGIN).
         let direct = session.is_claimed() && session.is_direct();
         let check = !(settings.skip_pooler_check || direct);
-        let other = match check {
-            true => Some(backend.connector.connect(settings, true).await?),
-            false => None,
+        let other = match (check, early) {
+            (true, Some(other)) => Some(other),
+            (true, None) => Some(backend.connector.connect(settings, true).await?),
+            (false, early) => {
+                early.inspect(|o| o.close());
+                None
+            }
         };
         let moves = match &other {
             Some(other) => pooler::shares_sessions(&session, other).await?,

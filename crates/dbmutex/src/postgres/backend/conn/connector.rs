@@ -125,6 +125,13 @@ impl Connector {
         }
     }
 
+    /// Whether no connection made here can be found direct (several hosts,
+    /// a Unix socket: `direct.rs`'s [`Dialed::of`] names no one TCP host):
+    /// the locker's pooler check then always runs, on a second connection.
+    pub(crate) fn never_direct(&self) -> bool {
+        Dialed::of(&self.config).is_none()
+    }
+
     /// Opens a connection. With `claim`, it claims its server session (see
     /// [`Claim`](super::session::Claim)) before it is returned; a connection
     /// for transaction locks needs no claim (and behind a busy pooler, a
