@@ -121,20 +121,32 @@ async fn session_locks_are_refused_behind_a_transaction_pooler() {
             other => panic!("session lock through a transaction pooler: {other:?}"),
         }
     }
-    let g = locker
-        .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
+    excludes_a_direct_client(xact_lock(&locker, &name).await, &name).await;
+}
+
+/// A transaction lock on `name`, free, through `locker` (a pooler).
+async fn xact_lock(locker: &Locker, name: &str) -> dbmutex::LockGuard {
+    locker
+        .acquire(name, &LockOptions::try_once().transaction(true))
         .await
         .unwrap()
-        .expect("free");
-    // The lock is really held: a direct session is refused.
+        .expect("free")
+}
+
+/// `g`, taken through a pooler, is really held in the server: a direct
+/// client's try is refused until `g` is released, then it is free.
+async fn excludes_a_direct_client(g: dbmutex::LockGuard, name: &str) {
     let direct = Locker::connect(&common::pg_url()).await.unwrap();
-    assert!(direct
-        .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(
+        direct
+            .acquire(name, &LockOptions::try_once().transaction(true))
+            .await
+            .unwrap()
+            .is_none(),
+        "held"
+    );
     g.release().await.unwrap();
-    assert!(common::free_for(&direct, &name).await);
+    assert!(common::free_for(&direct, name).await);
 }
 
 /// Session pooling gives each client a server session of its own: no false
@@ -737,15 +749,7 @@ async fn the_connect_check_holds_over_a_unix_socket() {
             }
         }
         if !round_robin {
-            let g = locker
-                .acquire(name.as_str(), &LockOptions::try_once().transaction(true))
-                .await
-                .unwrap()
-                .expect("free");
-            let direct = Locker::connect(&common::pg_url()).await.unwrap();
-            assert!(direct.try_lock(name.as_str()).await.unwrap().is_none(), "held");
-            g.release().await.unwrap();
-            assert!(common::free_for(&direct, &name).await);
+            excludes_a_direct_client(xact_lock(&locker, &name).await, &name).await;
         }
     }
     assert_eq!(
@@ -763,10 +767,7 @@ async fn the_connect_check_holds_over_a_unix_socket() {
     let locker = Locker::connect(&bouncer.unix_url()).await.expect("session pool");
     let name = unique("pgb-unix-session");
     let g = locker.try_lock(name.as_str()).await.unwrap().expect("free");
-    let direct = Locker::connect(&common::pg_url()).await.unwrap();
-    assert!(direct.try_lock(name.as_str()).await.unwrap().is_none(), "held");
-    g.release().await.unwrap();
-    assert!(common::free_for(&direct, &name).await);
+    excludes_a_direct_client(g, &name).await;
 
     let bouncer = PgBouncer::start_configured("session", 2, false, "server_reset_query = RESET ALL").await;
     match Locker::connect(&bouncer.unix_url()).await {
