@@ -107,7 +107,8 @@ pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
 /// so "free" is "that session let it go". Asked so, not in `pg_locks`:
 /// that view's first use in a session, and its scan of the whole lock
 /// table, made this the slowest statement of a connect through NAT
-/// (~1.2 ms against ~0.2 for this one, BENCHMARKS.md).
+/// (1.75 ms under strace; this one 0.26-0.50 ms in four traces of five,
+/// about the check's other statements; BENCHMARKS.md, session 14).
 const PROBE_FREE: &str =
     "SELECT CASE WHEN pg_try_advisory_lock($1) THEN pg_advisory_unlock($1) ELSE false END";
 
