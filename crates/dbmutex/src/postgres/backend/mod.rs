@@ -122,13 +122,11 @@ impl PgBackend {
         // finds a statement pooler (which refuses its BEGIN).
         let direct = session.is_claimed() && session.is_direct();
         let check = !(settings.skip_pooler_check || direct);
-        let other = match (check, early) {
-            (true, Some(other)) => Some(other),
-            (true, None) => Some(backend.connector.connect(settings, true).await?),
-            (false, early) => {
-                early.inspect(|o| o.close());
-                None
-            }
+        let other = match early {
+            // Made beside the session: where it was, the check always runs.
+            Some(other) => Some(other),
+            None if check => Some(backend.connector.connect(settings, true).await?),
+            None => None,
         };
         let moves = match &other {
             Some(other) => pooler::shares_sessions(&session, other).await?,
