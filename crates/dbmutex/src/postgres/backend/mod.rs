@@ -90,27 +90,20 @@ impl PgBackend {
         // at once, which takes a whole connect off a start on the
         // server's own host (BENCHMARKS.md, "`dbmutex run` through a Unix
         // socket or NAT").
-        let (session, early) = if !settings.skip_pooler_check && backend.connector.never_direct() {
-            let (session, other) = tokio::join!(
+        let (session, later, early) = if !settings.skip_pooler_check && backend.connector.never_direct() {
+            let (session, other) = beside(
                 backend.connector.connect(settings, true),
-                backend.connector.connect(settings, true)
-            );
-            match (session, other) {
-                (Ok(s), Ok(o)) => (s, Some(o)),
-                // Either failed: the one made is not kept.
-                (Err(e), other) => {
-                    if let Ok(o) = other {
-                        o.close();
-                    }
-                    return Err(e);
-                }
-                (Ok(s), Err(e)) => {
-                    s.close();
-                    return Err(e);
-                }
-            }
+                backend.connector.connect(settings, true),
+                |s| s.close(),
+            )
+            .await?;
+            (session, None, Some(other))
         } else {
-            (backend.connector.connect(settings, true).await?, None)
+            // The claim's last step, where there is one (a connection not
+            // found at the other end of our own socket, as behind NAT), is
+            // run below, beside the check's second connect.
+            let (session, later) = backend.connector.connect_start_later(settings).await?;
+            (session, later, None)
         };
         if let Some(t) = session.lock_table.get() {
             backend.budget = budget::Budget::new(*t);
@@ -120,13 +113,30 @@ impl PgBackend {
         // is all it takes. Anything else gets the behavioural check on a
         // second connection, even when a claim already told: it is what
         // finds a statement pooler (which refuses its BEGIN).
+        // (A claim with a step still to run is never direct.)
         let direct = session.is_claimed() && session.is_direct();
         let check = !(settings.skip_pooler_check || direct);
+        let finish = async {
+            match later {
+                Some(later) => conn::bounded(settings, session.finish_claim(later)).await,
+                None => Ok(()),
+            }
+        };
         let other = match early {
-            // Made beside the session: where it was, the check always runs.
-            Some(other) => Some(other),
-            None if check => Some(backend.connector.connect(settings, true).await?),
-            None => None,
+            // Made beside the session: where it was, the check always runs
+            // (and the claim has no step left: see `claim_now`).
+            Some(other) => {
+                finish.await?;
+                Some(other)
+            }
+            None if check => {
+                let ((), other) = beside(finish, backend.connector.connect(settings, true), |()| {}).await?;
+                Some(other)
+            }
+            None => {
+                finish.await?;
+                None
+            }
         };
         let moves = match &other {
             Some(other) => pooler::shares_sessions(&session, other).await?,
@@ -211,6 +221,29 @@ impl PgBackend {
         self.spares
             .ready(&self.connector, at.settings, at.deadline, room)
             .await
+    }
+}
+
+/// Runs `first` and the pooler check's second connect at once. If either
+/// fails, neither is kept: the connection the other made is closed
+/// (`undo` gets `first`'s result) and the error returned.
+async fn beside<T>(
+    first: impl std::future::Future<Output = Result<T>>,
+    second: impl std::future::Future<Output = Result<Arc<PgConn>>>,
+    undo: impl FnOnce(T),
+) -> Result<(T, Arc<PgConn>)> {
+    match tokio::join!(first, second) {
+        (Ok(t), Ok(other)) => Ok((t, other)),
+        (Err(e), other) => {
+            if let Ok(o) = other {
+                o.close();
+            }
+            Err(e)
+        }
+        (Ok(t), Err(e)) => {
+            undo(t);
+            Err(e)
+        }
     }
 }
 

@@ -13,6 +13,14 @@ pub(crate) const ON_A_STANDBY: &str =
      replicated, so a lock there would exclude only that standby's own clients. Connect to the \
      primary (a multi-host URL with target_session_attrs=read-write finds it)";
 
+/// A claim's last step, still to run (see
+/// [`PgConn::claim_start_later`]): the token and pid it claimed with.
+#[must_use = "the connection is not claimed until `finish_claim` runs"]
+pub(crate) struct StartLater {
+    token: String,
+    pid: i32,
+}
+
 impl PgConn {
     /// Marks the server session as this connection's (see [`Claim`]), if no
     /// other client did. A session that carries another client's token is
@@ -31,12 +39,54 @@ impl PgConn {
             return Ok(());
         }
         // Boxed: asked on every wait, it runs once per connection.
+        Box::pin(async {
+            match self.claim_now().await? {
+                Some(start) => self.finish_claim(start).await,
+                None => Ok(()),
+            }
+        })
+        .await
+    }
+
+    /// [`claim`](Self::claim) but for its last step, which a new locker's
+    /// first connection runs beside its pooler check's second connect (see
+    /// `PgBackend::with_connector`): where that step is needed, it is
+    /// returned, and the connection is claimed only once
+    /// [`finish_claim`](Self::finish_claim) has run it. Dropped instead,
+    /// the connection stays unclaimed (no session lock goes there).
+    pub(crate) async fn claim_start_later(self: &Arc<Self>) -> Result<Option<StartLater>> {
+        if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
         Box::pin(self.claim_now()).await
     }
 
-    /// [`claim`](Self::claim)'s statement, then, on a claimed connection
-    /// that may have a pooler in between, [`session_start`](Self::session_start).
-    async fn claim_now(self: &Arc<Self>) -> Result<()> {
+    /// The claim's last step, on a claimed connection that may have a
+    /// pooler in between: the claimed session's start
+    /// ([`session_start`](Self::session_start)), which with its pid names
+    /// it for [`moved`](Self::moved). A connection that a pooler moved
+    /// meanwhile stays unclaimed.
+    pub(crate) async fn finish_claim(&self, StartLater { token, pid }: StartLater) -> Result<()> {
+        match self.session_start(&token).await? {
+            Some(started) => {
+                let _ = self.claim.set(Claim {
+                    token,
+                    pid,
+                    started: Some(started),
+                });
+            }
+            // Moved off the session it claimed before any lock statement
+            // went there: that session holds nothing of ours, and this
+            // connection stays unclaimed.
+            None => self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed),
+        }
+        Ok(())
+    }
+
+    /// [`claim`](Self::claim)'s statement; on a claimed connection that may
+    /// have a pooler in between, what [`finish_claim`](Self::finish_claim)
+    /// then needs (the connection is not claimed until it has run).
+    async fn claim_now(self: &Arc<Self>) -> Result<Option<StartLater>> {
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         // Without a socket we dialed ourselves, the session is never found
         // at its other end (`direct.rs`'s `is_own_socket`): the session's
@@ -70,7 +120,7 @@ impl PgConn {
         self.heard_from_server();
         if owner.as_deref() != Some(token.as_str()) {
             self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
-            return Ok(());
+            return Ok(None);
         }
         let addr = row.get::<_, Option<std::net::IpAddr>>(5).map(|a| a.to_string());
         let _ = self.server_end.set((addr, row.get(6)));
@@ -94,19 +144,10 @@ impl PgConn {
             // [`moved`](Self::moved) never needs the start.
             None
         } else {
-            match self.session_start(&token).await? {
-                Some(started) => Some(started),
-                // Moved off the session it claimed before any lock statement
-                // went there: that session holds nothing of ours, and this
-                // connection stays unclaimed.
-                None => {
-                    self.pooler_seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return Ok(());
-                }
-            }
+            return Ok(Some(StartLater { token, pid }));
         };
         let _ = self.claim.set(Claim { token, pid, started });
-        Ok(())
+        Ok(None)
     }
 
     /// The start of the server session this connection claimed with

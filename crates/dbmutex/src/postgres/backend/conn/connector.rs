@@ -137,38 +137,49 @@ impl Connector {
     /// for transaction locks needs no claim (and behind a busy pooler, a
     /// claim would wait for a free server session).
     pub(crate) async fn connect(&self, settings: &Settings, claim: bool) -> Result<Arc<PgConn>> {
-        let fut = async {
-            if let Some(own) = self.own_dial() {
-                return self.connect_own(own).await;
-            }
-            match &self.tls {
-                Tls::Off => {
-                    let (client, conn) = self
-                        .config
-                        .connect(tokio_postgres::NoTls)
-                        .await
-                        .map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn, None))
-                }
-                #[cfg(feature = "tls")]
-                Tls::Rustls(t) => {
-                    let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                    Ok::<_, Error>(self.start(client, conn, None))
-                }
-            }
-        };
-        let connect_and_claim = async {
-            let conn = fut.await?;
+        bounded(settings, async {
+            let conn = self.open().await?;
             if claim {
                 conn.claim().await?;
             }
-            Ok::<_, Error>(conn)
-        };
-        match tokio::time::timeout(settings.connect_timeout, connect_and_claim).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Connect(
-                format!("no answer from the server within {:?}", settings.connect_timeout).into(),
-            )),
+            Ok(conn)
+        })
+        .await
+    }
+
+    /// [`connect`](Self::connect) with a claim whose last step, where there
+    /// is one, is left to the caller ([`PgConn::claim_start_later`]).
+    pub(crate) async fn connect_start_later(
+        &self,
+        settings: &Settings,
+    ) -> Result<(Arc<PgConn>, Option<super::StartLater>)> {
+        bounded(settings, async {
+            let conn = self.open().await?;
+            let later = conn.claim_start_later().await?;
+            Ok((conn, later))
+        })
+        .await
+    }
+
+    /// A new connection, not claimed.
+    async fn open(&self) -> Result<Arc<PgConn>> {
+        if let Some(own) = self.own_dial() {
+            return self.connect_own(own).await;
+        }
+        match &self.tls {
+            Tls::Off => {
+                let (client, conn) = self
+                    .config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(connect_err)?;
+                Ok::<_, Error>(self.start(client, conn, None))
+            }
+            #[cfg(feature = "tls")]
+            Tls::Rustls(t) => {
+                let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
+                Ok::<_, Error>(self.start(client, conn, None))
+            }
         }
     }
 
@@ -279,6 +290,19 @@ impl Connector {
     /// run on a server session other than its own (a pooler shares them).
     pub(crate) fn pooler_seen(&self) -> bool {
         self.pooler_seen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// `fut`, a step of connecting, within the settings' connect timeout.
+pub(crate) async fn bounded<T>(
+    settings: &Settings,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(settings.connect_timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Connect(
+            format!("no answer from the server within {:?}", settings.connect_timeout).into(),
+        )),
     }
 }
 

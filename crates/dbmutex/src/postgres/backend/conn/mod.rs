@@ -27,5 +27,6 @@ mod prepared;
 mod session;
 mod tls;
 
-pub(crate) use connector::Connector;
+pub(crate) use claim::StartLater;
+pub(crate) use connector::{bounded, Connector};
 pub(crate) use session::{LockTable, PgConn, Text};
