@@ -147,7 +147,11 @@ pub struct Global {
     pub require_database: bool,
 }
 
+// `defer`: a subcommand's arguments are built only when it is the one
+// used, not all of them on every start (`dbmutex run x -- true`: 0.07-0.2 ms
+// less, BENCHMARKS.md session 15).
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run a command while holding the lock NAME.
     #[command(after_help = concat!(run_exit_table!(), "
@@ -186,7 +190,10 @@ another host has it): dbmutex run -n -E 0 --require-database --once-per 1h NAME 
     Help(HelpArgs),
 }
 
-/// How NAME is read: as text (the default) or as an integer.
+// How NAME is read: as text (the default) or as an integer. (A plain
+// comment: a doc comment here would be the `about` of every subcommand
+// that flattens it, since their arguments are built when used, after the
+// subcommand's own `about`: `defer` on `Command`.)
 #[derive(Debug, Args)]
 pub struct IntArg {
     /// NAME is an integer (-9223372036854775808 to 9223372036854775807): the
