@@ -148,7 +148,7 @@ pub struct Global {
 }
 
 // `defer`: a subcommand's arguments are built only when it is the one
-// used, not all of them on every start (`dbmutex run x -- true`: 0.07-0.2 ms
+// used, not all of them on every start (`dbmutex run x -- true`: 0.19 ms
 // less, BENCHMARKS.md session 15).
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]

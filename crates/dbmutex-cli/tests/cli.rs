@@ -2444,6 +2444,46 @@ fn help_subcommand() {
     }
 }
 
+/// Each subcommand's own help and man page begin with the description
+/// `dbmutex --help` lists for it. (Its arguments are built only when it is
+/// used, clap's `defer`: a doc comment on a struct it flattens would then
+/// replace that description.)
+#[test]
+fn each_subcommand_keeps_its_description() {
+    let top = Command::new(BIN).arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    let listed: Vec<(&str, &str)> = top
+        .split("Commands:\n")
+        .nth(1)
+        .expect("--help lists the commands")
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.trim_start().split_once(char::is_whitespace))
+        .map(|(name, about)| (name, about.trim()))
+        .collect();
+    assert!(listed.len() >= 8, "commands listed: {listed:?}");
+    for (name, about) in listed {
+        let out = Command::new(BIN).args([name, "--help"]).output().unwrap();
+        assert_eq!(code(&out), 0, "{name} --help: {}", stderr(&out));
+        let first = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned();
+        assert_eq!(first, about, "the first line of `{name} --help`");
+        if name != "help" {
+            let man = Command::new(BIN).args(["man", name]).output().unwrap();
+            // roff writes each `-` as `\-`.
+            let man = String::from_utf8_lossy(&man.stdout).replace("\\-", "-");
+            assert!(
+                man.contains(&format!("dbmutex-{name} - {about}")),
+                "the man page of {name} names it {about:?}:\n{}",
+                man.lines().take(12).collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
 /// `key --int`: the gem's Integer mapping, negative numbers included; a
 /// NAME that is not an integer is a usage error.
 #[test]

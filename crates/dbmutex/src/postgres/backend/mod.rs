@@ -91,12 +91,12 @@ impl PgBackend {
         // server's own host (BENCHMARKS.md, "`dbmutex run` through a Unix
         // socket or NAT").
         let (session, later, early) = if !settings.skip_pooler_check && backend.connector.never_direct() {
-            let (session, other) = beside(
+            // If either fails, the other is dropped where it stands, and a
+            // connection it made is closed with it.
+            let (session, other) = tokio::try_join!(
                 backend.connector.connect(settings, true),
-                backend.connector.connect(settings, true),
-                |s| s.close(),
-            )
-            .await?;
+                backend.connector.connect(settings, true)
+            )?;
             (session, None, Some(other))
         } else {
             // The claim's last step, where there is one (a connection not
@@ -112,30 +112,32 @@ impl PgBackend {
         // server itself: no pooler can be in between, and one connection
         // is all it takes. Anything else gets the behavioural check on a
         // second connection, even when a claim already told: it is what
-        // finds a statement pooler (which refuses its BEGIN).
-        // (A claim with a step still to run is never direct.)
+        // finds a statement pooler (which refuses its BEGIN). (A claim with
+        // its last step still to run is never direct.)
         let direct = session.is_claimed() && session.is_direct();
         let check = !(settings.skip_pooler_check || direct);
-        let finish = async {
-            match later {
-                Some(later) => conn::bounded(settings, session.finish_claim(later)).await,
-                None => Ok(()),
-            }
-        };
         let other = match early {
-            // Made beside the session: where it was, the check always runs
-            // (and the claim has no step left: see `claim_now`).
-            Some(other) => {
-                finish.await?;
-                Some(other)
-            }
-            None if check => {
-                let ((), other) = beside(finish, backend.connector.connect(settings, true), |()| {}).await?;
-                Some(other)
-            }
+            // Made beside the session, both by `connect`, whose claims are
+            // whole: where it was, the check always runs.
+            Some(other) => Some(other),
             None => {
-                finish.await?;
-                None
+                let finish = async {
+                    match later {
+                        Some(later) => conn::bounded(settings, session.finish_claim(later)).await,
+                        None => Ok(()),
+                    }
+                };
+                if check {
+                    // Run together, the second connection's claim may find
+                    // the first's server session busy with this step and
+                    // miss the first's token there (a hint only:
+                    // `shares_sessions` below is what decides).
+                    let ((), other) = tokio::try_join!(finish, backend.connector.connect(settings, true))?;
+                    Some(other)
+                } else {
+                    finish.await?;
+                    None
+                }
             }
         };
         let moves = match &other {
@@ -221,29 +223,6 @@ impl PgBackend {
         self.spares
             .ready(&self.connector, at.settings, at.deadline, room)
             .await
-    }
-}
-
-/// Runs `first` and the pooler check's second connect at once. If either
-/// fails, neither is kept: the connection the other made is closed
-/// (`undo` gets `first`'s result) and the error returned.
-async fn beside<T>(
-    first: impl std::future::Future<Output = Result<T>>,
-    second: impl std::future::Future<Output = Result<Arc<PgConn>>>,
-    undo: impl FnOnce(T),
-) -> Result<(T, Arc<PgConn>)> {
-    match tokio::join!(first, second) {
-        (Ok(t), Ok(other)) => Ok((t, other)),
-        (Err(e), other) => {
-            if let Ok(o) = other {
-                o.close();
-            }
-            Err(e)
-        }
-        (Ok(t), Err(e)) => {
-            undo(t);
-            Err(e)
-        }
     }
 }
 

@@ -14,8 +14,8 @@ pub(crate) const ON_A_STANDBY: &str =
      primary (a multi-host URL with target_session_attrs=read-write finds it)";
 
 /// A claim's last step, still to run (see
-/// [`PgConn::claim_start_later`]): the token and pid it claimed with.
-#[must_use = "the connection is not claimed until `finish_claim` runs"]
+/// [`PgConn::claim_start_later`]): the token and pid it claimed with. The
+/// connection is not claimed until [`PgConn::finish_claim`] has run it.
 pub(crate) struct StartLater {
     token: String,
     pid: i32,
@@ -53,7 +53,9 @@ impl PgConn {
     /// `PgBackend::with_connector`): where that step is needed, it is
     /// returned, and the connection is claimed only once
     /// [`finish_claim`](Self::finish_claim) has run it. Dropped instead,
-    /// the connection stays unclaimed (no session lock goes there).
+    /// the connection stays unclaimed for good (no session lock goes
+    /// there): the claim is tried once per connection, by either entry,
+    /// and a later [`claim`](Self::claim) returns at once, claimed or not.
     pub(crate) async fn claim_start_later(self: &Arc<Self>) -> Result<Option<StartLater>> {
         if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
