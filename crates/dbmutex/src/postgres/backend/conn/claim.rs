@@ -35,17 +35,12 @@ impl PgConn {
     ///
     /// Tried once per connection; later calls return at once.
     pub(crate) async fn claim(self: &Arc<Self>) -> Result<()> {
-        if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return Ok(());
+        match self.claim_start_later().await? {
+            // Boxed, as the claim's statement is: asked on every wait, the
+            // claim runs once per connection.
+            Some(start) => Box::pin(self.finish_claim(start)).await,
+            None => Ok(()),
         }
-        // Boxed: asked on every wait, it runs once per connection.
-        Box::pin(async {
-            match self.claim_now().await? {
-                Some(start) => self.finish_claim(start).await,
-                None => Ok(()),
-            }
-        })
-        .await
     }
 
     /// [`claim`](Self::claim) but for its last step, which a new locker's
@@ -60,6 +55,7 @@ impl PgConn {
         if self.claim_tried.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
+        // Boxed: asked on every wait, it runs once per connection.
         Box::pin(self.claim_now()).await
     }
 
