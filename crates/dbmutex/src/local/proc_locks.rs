@@ -14,11 +14,29 @@ use crate::Mode;
 /// when the holder is in a pid namespace this process cannot see. `None`
 /// when the table cannot be read (not Linux, or hidden) or does not list the
 /// file (a file system whose `stat` device differs from the lock table's).
+///
+/// The table is not read at once: the kernel hands it out a page at a time,
+/// walking its list of locks afresh for each, so a lock taken or released
+/// elsewhere between two pages shifts the rest and a line can come twice
+/// or not at all (seen: this process's two locks listed four times, with
+/// the table over a page and other processes locking). So the file's lines
+/// are read until two reads in a row agree, at most [`READS`] times.
 pub(crate) fn holders_of(meta: &Metadata) -> Option<Vec<(i64, Mode)>> {
-    let table = std::fs::read_to_string("/proc/locks").ok()?;
-    let found = parse(&table, &device(meta.dev()), meta.ino());
+    let (device, ino) = (device(meta.dev()), meta.ino());
+    let read = || Some(parse(&std::fs::read_to_string("/proc/locks").ok()?, &device, ino));
+    let mut found = read()?;
+    for _ in 1..READS {
+        let again = read()?;
+        if again == found {
+            break;
+        }
+        found = again;
+    }
     (!found.is_empty()).then_some(found)
 }
+
+/// How many times [`holders_of`] reads the table at most.
+const READS: usize = 5;
 
 /// `major:minor` in hex as the kernel prints it.
 fn device(dev: u64) -> String {
