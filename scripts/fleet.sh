@@ -11,7 +11,8 @@
 #   LOAD=1 scripts/fleet.sh            # with a busy loop beside it
 #   CALIBRATE=1 scripts/fleet.sh       # A/A: the raw floor in dbmutex's place
 #
-# Environment: PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
+# Environment: BENCH_BIN (a dbmutex-bench binary to run instead of building
+# this checkout's, for an A/B of two commits), PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
 # case, interleaved, the raw floor first in odd rounds and dbmutex first in
 # even ones; the summary line is their median, default 3), LOAD (busy
 # loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
@@ -67,10 +68,15 @@ EOF
 as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
 URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
 
-cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
-# A copy, so that a build started beside the run cannot change the binary
-# between its rounds.
-cp "${CARGO_TARGET_DIR:-target}/release/dbmutex-bench" "$dir/dbmutex-bench"
+if [ -n "${BENCH_BIN:-}" ]; then
+    # Another build's binary (an A/B of two commits, one run each).
+    cp "$BENCH_BIN" "$dir/dbmutex-bench"
+else
+    cargo build --release -q -p dbmutex-bench 2>/dev/null || cargo build --release -p dbmutex-bench
+    # A copy, so that a build started beside the run cannot change the
+    # binary between its rounds.
+    cp "${CARGO_TARGET_DIR:-target}/release/dbmutex-bench" "$dir/dbmutex-bench"
+fi
 BENCH="$dir/dbmutex-bench"
 
 for _ in $(seq "$LOAD"); do
