@@ -820,6 +820,147 @@ async fn dropped_guards_after_waits_reuse_their_connections() {
     );
 }
 
+/// A fleet waiter's cycle: a locker that waits again and again on a name
+/// another process keeps taking goes from wait to wait on the connection
+/// its last wait used (without making it the lock session in between),
+/// keeps one server session throughout, and its tries on other names, in
+/// between and beside such a wait, still run on a lock session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_a_contended_name_keeps_one_session() {
+    let app = unique("fleet-waiter");
+    let locker = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).application_name(&app))
+        .await;
+    let name = unique("fleet-waiter");
+    let (k1, k2) = match pg_key(&name.as_str().into(), &Prefix::from_env()) {
+        PgKey::Pair(a, b) => (a, b),
+        other => panic!("{other:?}"),
+    };
+    let holder = pg_raw().await;
+    let raw = pg_raw().await;
+    let sessions = || async {
+        raw.query(
+            "SELECT pid, wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, i32>(0), r.get::<_, bool>(1)))
+        .collect::<Vec<_>>()
+    };
+    let mut pids = std::collections::BTreeSet::new();
+    for round in 0..12 {
+        holder
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
+            .await
+            .unwrap();
+        let w = tokio::spawn({
+            let (locker, name) = (locker.clone(), name.clone());
+            async move { locker.lock(name.as_str()).await }
+        });
+        // It waits in the server, on one session.
+        let mut waiting = false;
+        for _ in 0..500 {
+            let now = sessions().await;
+            pids.extend(now.iter().map(|(pid, _)| *pid));
+            if now.iter().any(|(_, w)| *w) {
+                waiting = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(waiting, "round {round}: the waiter never waited in the server");
+        holder
+            .execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+            .await
+            .unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("the waiter gets the lock once it is free")
+            .unwrap()
+            .unwrap();
+        let free = holder
+            .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&k1, &k2])
+            .await
+            .unwrap()
+            .get::<_, bool>(0);
+        assert!(!free, "round {round}: the waiter's guard holds the server lock");
+        g.release().await.unwrap();
+        pids.extend(sessions().await.iter().map(|(pid, _)| *pid));
+        // Every third round, a try on another name in between: it makes the
+        // waiting connection the lock session again, and the next wait
+        // detaches it as before.
+        if round % 3 == 2 {
+            let other = locker
+                .try_lock(unique("fleet-waiter-other").as_str())
+                .await
+                .unwrap()
+                .expect("free");
+            other.release().await.unwrap();
+        }
+    }
+    assert_eq!(
+        pids.len(),
+        1,
+        "12 waits on a contended name and 4 tries used {} server sessions",
+        pids.len()
+    );
+    // And the name is free again on the server.
+    assert!(holder
+        .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap()
+        .get::<_, bool>(0));
+}
+
+/// A name contended lately goes straight to a wait in the server on an
+/// idle connection; when no server wait is left to it (`max_server_waits`,
+/// taken by a wait on another name), it polls on a lock session instead
+/// and gets the lock once it is free, as the other waiter does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_name_polls_when_no_server_wait_is_left() {
+    let locker = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).max_server_waits(1))
+        .await;
+    let holder = Backend::Postgres.locker().await;
+    let (a, b) = (unique("no-permit-a"), unique("no-permit-b"));
+    let waiter = |name: &String| {
+        let (locker, name) = (locker.clone(), name.clone());
+        tokio::spawn(async move { locker.lock(name.as_str()).await })
+    };
+    let got = |w: tokio::task::JoinHandle<dbmutex::Result<dbmutex::LockGuard>>, what: &'static str| async move {
+        tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no lock within 10 s of its release"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    };
+    // Both names contended lately: each waited for once, in the server.
+    for name in [&a, &b] {
+        let g = holder.lock(name.as_str()).await.unwrap();
+        let w = waiter(name);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!w.is_finished(), "waits while held");
+        g.release().await.unwrap();
+        got(w, "warm-up").await.release().await.unwrap();
+    }
+    let (ga, gb) = (
+        holder.lock(a.as_str()).await.unwrap(),
+        holder.lock(b.as_str()).await.unwrap(),
+    );
+    // `a` takes the one server wait; `b` finds none left.
+    let wa = waiter(&a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wb = waiter(&b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!wa.is_finished() && !wb.is_finished(), "both wait while held");
+    gb.release().await.unwrap();
+    got(wb, "the polling waiter").await.release().await.unwrap();
+    ga.release().await.unwrap();
+    got(wa, "the server waiter").await.release().await.unwrap();
+}
+
 /// A server default `lock_timeout` (here from the URL's `options`) does not
 /// cut short a wait the caller asked to be unbounded.
 #[tokio::test]

@@ -83,6 +83,12 @@ impl<C: Reusable> Idle<C> {
         None
     }
 
+    /// Whether a connection is kept (alive and fresh or not: one that is
+    /// not is replaced by the next taker, one for one). No clock read.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list().is_empty()
+    }
+
     /// Keeps `c` for reuse if it is alive and there is room (`true`); else
     /// closes it.
     pub(crate) fn put(self: &Arc<Self>, c: C) -> bool {

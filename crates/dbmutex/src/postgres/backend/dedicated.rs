@@ -58,8 +58,9 @@ impl Spares {
         deadline: Deadline,
         room: impl FnOnce() -> R,
     ) -> Result<bool> {
-        if let Some(c) = self.0.take() {
-            self.0.put(c);
+        // A spare found past its idle limit or dead is replaced by the
+        // wait that takes it: one connection for one, no room needed.
+        if !self.0.is_empty() {
             return Ok(true);
         }
         // Connecting is rare (a spare is at hand but for the first wait) and

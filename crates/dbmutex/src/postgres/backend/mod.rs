@@ -183,19 +183,51 @@ impl PgBackend {
     /// One acquisition's tries with its lock-table `ticket`: on the lock
     /// session unless the plan waits in the server only.
     async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot) -> Result<Tries> {
-        if self.plan(at.opts).wait == WaitIn::Server {
+        let wait = self.plan(at.opts).wait;
+        if wait == WaitIn::Server {
             return Ok(Tries {
                 conn: None,
                 skip: false.into(),
                 ticket: Mutex::new(Some(ticket)),
             });
         }
+        let contended = !at.opts.is_try_once()
+            && at
+                .hold
+                .as_ref()
+                .is_some_and(|h| handoff::contended_lately(h.slot()));
+        // A fleet waiter: its last wait took the lock session (detached to
+        // wait in the server, then kept as a spare), and the key is
+        // contended. It goes to the wait at once, on that spare, instead of
+        // making it the lock session again only to detach it after a
+        // skipped try (its gate, its keepalive probe started and paused,
+        // a spare taken and put back: code a fleet of 200 pays for in
+        // cache misses on every acquisition).
+        let after_try = matches!(wait, WaitIn::TryThenServer { .. });
+        if contended && after_try && self.session.live().is_none() {
+            return Ok(Tries {
+                conn: None,
+                skip: true.into(),
+                ticket: Mutex::new(Some(ticket)),
+            });
+        }
+        self.tries_on_session(at, ticket, contended).await
+    }
+
+    /// [`tries`](Self::tries) on the lock session (made now if there is
+    /// none), skipping the first try if the key was `contended` lately and
+    /// the session is free to wait in the server.
+    async fn tries_on_session(
+        &self,
+        at: &Attempt<'_, Self>,
+        ticket: budget::Slot,
+        contended: bool,
+    ) -> Result<Tries> {
         let conn = self
             .session
             .get(&self.connector, at.settings, &self.spares)
             .await?;
-        let skip = !at.opts.is_try_once()
-            && at.hold.as_ref().is_some_and(|h| handoff::contended_lately(h.slot()))
+        let skip = contended
             // Before the tries take their reference: only `conn` here
             // holds it besides the lock session's own slot.
             && Arc::strong_count(&conn) == 2;
@@ -229,6 +261,9 @@ impl PgBackend {
 /// One acquisition's tries: its room in the lock table and (unless it
 /// waits in the server only) the lock session.
 pub(crate) struct Tries {
+    /// The lock session; `None` for a wait in the server only, or when the
+    /// tries go straight to a wait on an idle connection (a try after that
+    /// then gets the lock session itself).
     conn: Option<Arc<PgConn>>,
     /// Room in the server's lock table (see [`budget`]); a grant takes it.
     ticket: Mutex<Option<budget::Slot>>,
@@ -314,7 +349,22 @@ impl Backend for PgBackend {
             // No name in the statement (prepared once per connection: see
             // `PgConn::session_text`); it goes into the session's keepalive
             // probe instead, where `pg_stat_activity` shows it.
-            let conn = lock_conn(tries)?;
+            let session;
+            let conn = match &tries.conn {
+                Some(conn) => conn,
+                // The tries skip straight to the wait (`tries`): nothing can
+                // be parked on a session not there.
+                None if tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) => return Ok(None),
+                // No wait in the server after all (no permit left): the
+                // core polls, on the lock session.
+                None => {
+                    session = self
+                        .session
+                        .get(&self.connector, at.settings, &self.spares)
+                        .await?;
+                    &session
+                }
+            };
             // A task of ours may have left the server lock on the session for us.
             let parked = at.opts.mode == Mode::Exclusive
                 && at
@@ -375,7 +425,8 @@ impl Backend for PgBackend {
                 .ok_or_else(|| Error::Database("no lock-table ticket for a server wait".into()))?;
             let after_try = matches!(self.plan(at.opts).wait, WaitIn::TryThenServer { .. });
             if after_try && !self.ready_to_wait(at).await? {
-                return Ok(Waited::Poll(self.tries(at, ticket).await?));
+                // Polling tries on the lock session, every time.
+                return Ok(Waited::Poll(self.tries_on_session(at, ticket, false).await?));
             }
             // The key is contended whether the wait gets it or times out:
             // the next acquisition skips its try.
@@ -418,12 +469,4 @@ impl Records for PgBackend {
     fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>> {
         Box::pin(async move { runs::last(&*self.probe().await?, key, name).await })
     }
-}
-
-/// The tries' lock session.
-fn lock_conn(tries: &Tries) -> Result<&Arc<PgConn>> {
-    tries
-        .conn
-        .as_ref()
-        .ok_or_else(|| Error::Database("no lock session for a try".into()))
 }
