@@ -83,10 +83,10 @@ impl<C: Reusable> Idle<C> {
         None
     }
 
-    /// Whether a connection is kept (alive and fresh or not: one that is
-    /// not is replaced by the next taker, one for one). No clock read.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.list().is_empty()
+    /// Whether [`take`](Self::take) would now hand out a connection (the
+    /// newest is alive and within the idle limit), without taking it.
+    pub(crate) fn has_fresh(&self) -> bool {
+        self.list().last().is_some_and(|(c, since)| self.fresh(c, *since))
     }
 
     /// Keeps `c` for reuse if it is alive and there is room (`true`); else

@@ -49,8 +49,8 @@ impl Spares {
 
     /// Makes sure an idle connection is at hand for the next wait,
     /// connecting one (within `deadline`) if needed and `room` (asked only
-    /// then) does not say the server is short of connections: `false` when
-    /// none can be had now.
+    /// then; `None` where it cannot be asked) does not say the server is
+    /// short of connections: `false` when none can be had now.
     pub(crate) async fn ready<R: std::future::Future<Output = Option<bool>>>(
         &self,
         connector: &Connector,
@@ -58,9 +58,9 @@ impl Spares {
         deadline: Deadline,
         room: impl FnOnce() -> R,
     ) -> Result<bool> {
-        // A spare found past its idle limit or dead is replaced by the
-        // wait that takes it: one connection for one, no room needed.
-        if !self.0.is_empty() {
+        // Looked at, not taken and put back: a fleet waiter comes here on
+        // every acquisition.
+        if self.0.has_fresh() {
             return Ok(true);
         }
         // Connecting is rare (a spare is at hand but for the first wait) and

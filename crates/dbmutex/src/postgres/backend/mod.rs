@@ -181,7 +181,9 @@ impl PgBackend {
     }
 
     /// One acquisition's tries with its lock-table `ticket`: on the lock
-    /// session unless the plan waits in the server only.
+    /// session, unless the plan waits in the server only, or a key
+    /// contended lately finds no lock session live (then they go straight
+    /// to the wait, on an idle connection).
     async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot) -> Result<Tries> {
         let wait = self.plan(at.opts).wait;
         if wait == WaitIn::Server {
@@ -240,9 +242,11 @@ impl PgBackend {
 
     /// A connection for a wait after a failed try is at hand: the lock
     /// session itself if it holds nothing (no new connection), else an idle
-    /// one, else a new one made now if the server has room for it; else the
-    /// core polls on the lock session, which needs none (a server short of
-    /// connections must not fail a wait that polling would serve).
+    /// one, else a new one made now if the server has room for it (asked
+    /// on the lock session; with none live, as when the tries went straight
+    /// to the wait, it is made as the lock session would have been); else
+    /// the core polls on the lock session, which needs none (a server
+    /// short of connections must not fail a wait that polling would serve).
     async fn ready_to_wait(&self, at: &Attempt<'_, Self>) -> Result<bool> {
         if let Some(c) = self.session.detach() {
             self.spares.put(c);
@@ -259,7 +263,7 @@ impl PgBackend {
 }
 
 /// One acquisition's tries: its room in the lock table and (unless it
-/// waits in the server only) the lock session.
+/// waits in the server only, or goes straight to a wait) the lock session.
 pub(crate) struct Tries {
     /// The lock session; `None` for a wait in the server only, or when the
     /// tries go straight to a wait on an idle connection (a try after that
@@ -267,8 +271,9 @@ pub(crate) struct Tries {
     conn: Option<Arc<PgConn>>,
     /// Room in the server's lock table (see [`budget`]); a grant takes it.
     ticket: Mutex<Option<budget::Slot>>,
-    /// Skip the first try: the key was contended lately and the session is
-    /// free to wait in the server (see `handoff::contended_lately`).
+    /// Skip the first try: the key was contended lately, and the lock
+    /// session is free to wait in the server or there is none live (see
+    /// `handoff::contended_lately`).
     skip: std::sync::atomic::AtomicBool,
 }
 
@@ -357,11 +362,16 @@ impl Backend for PgBackend {
                 None if tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) => return Ok(None),
                 // No wait in the server after all (no permit left): the
                 // core polls, on the lock session.
+                // Within the caller's bound, should it have to connect.
                 None => {
-                    session = self
-                        .session
-                        .get(&self.connector, at.settings, &self.spares)
-                        .await?;
+                    let get = self.session.get(&self.connector, at.settings, &self.spares);
+                    session = match at.deadline.at() {
+                        None => get.await?,
+                        Some(d) => match tokio::time::timeout_at(d, get).await {
+                            Ok(got) => got?,
+                            Err(_) => return Ok(None),
+                        },
+                    };
                     &session
                 }
             };
