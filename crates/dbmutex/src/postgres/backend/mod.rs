@@ -183,8 +183,9 @@ impl PgBackend {
     /// One acquisition's tries with its lock-table `ticket`: on the lock
     /// session, unless the plan waits in the server only, or a key
     /// contended lately finds no lock session live (then they go straight
-    /// to the wait, on an idle connection).
-    async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot) -> Result<Tries> {
+    /// to the wait, on an idle connection). Only the `first` tries of an
+    /// acquisition may skip their first try; a poll's try at once.
+    async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot, first: bool) -> Result<Tries> {
         let wait = self.plan(at.opts).wait;
         if wait == WaitIn::Server {
             return Ok(Tries {
@@ -193,7 +194,8 @@ impl PgBackend {
                 ticket: Mutex::new(Some(ticket)),
             });
         }
-        let contended = !at.opts.is_try_once()
+        let contended = first
+            && !at.opts.is_try_once()
             && at
                 .hold
                 .as_ref()
@@ -205,26 +207,13 @@ impl PgBackend {
         // skipped try (its gate, its keepalive probe started and paused,
         // a spare taken and put back: code a fleet of 200 pays for in
         // cache misses on every acquisition).
-        let after_try = matches!(wait, WaitIn::TryThenServer { .. });
-        if contended && after_try && self.session.live().is_none() {
+        if contended && matches!(wait, WaitIn::TryThenServer { .. }) && self.session.live().is_none() {
             return Ok(Tries {
                 conn: None,
                 skip: true.into(),
                 ticket: Mutex::new(Some(ticket)),
             });
         }
-        self.tries_on_session(at, ticket, contended).await
-    }
-
-    /// [`tries`](Self::tries) on the lock session (made now if there is
-    /// none), skipping the first try if the key was `contended` lately and
-    /// the session is free to wait in the server.
-    async fn tries_on_session(
-        &self,
-        at: &Attempt<'_, Self>,
-        ticket: budget::Slot,
-        contended: bool,
-    ) -> Result<Tries> {
         let conn = self
             .session
             .get(&self.connector, at.settings, &self.spares)
@@ -341,7 +330,7 @@ impl Backend for PgBackend {
                 .budget
                 .reserve(at.settings.connect_timeout, || self.probe())
                 .await?;
-            self.tries(at, ticket).await
+            self.tries(at, ticket, true).await
         }
     }
 
@@ -436,7 +425,7 @@ impl Backend for PgBackend {
             let after_try = matches!(self.plan(at.opts).wait, WaitIn::TryThenServer { .. });
             if after_try && !self.ready_to_wait(at).await? {
                 // Polling tries on the lock session, every time.
-                return Ok(Waited::Poll(self.tries_on_session(at, ticket, false).await?));
+                return Ok(Waited::Poll(self.tries(at, ticket, false).await?));
             }
             // The key is contended whether the wait gets it or times out:
             // the next acquisition skips its try.
