@@ -184,7 +184,7 @@ impl PgBackend {
     /// session, unless the plan waits in the server only, or a key
     /// contended lately finds no lock session live (then they go straight
     /// to the wait, on an idle connection). Only the `first` tries of an
-    /// acquisition may skip their first try; a poll's try at once.
+    /// acquisition may skip their first try; a poll's tries try at once.
     async fn tries(&self, at: &Attempt<'_, Self>, ticket: budget::Slot, first: bool) -> Result<Tries> {
         let wait = self.plan(at.opts).wait;
         if wait == WaitIn::Server {
@@ -350,8 +350,8 @@ impl Backend for PgBackend {
                 // be parked on a session not there.
                 None if tries.skip.swap(false, std::sync::atomic::Ordering::Relaxed) => return Ok(None),
                 // No wait in the server after all (no permit left): the
-                // core polls, on the lock session.
-                // Within the caller's bound, should it have to connect.
+                // core polls, on the lock session, got within the caller's
+                // bound should it have to connect.
                 None => {
                     let get = self.session.get(&self.connector, at.settings, &self.spares);
                     session = match at.deadline.at() {
