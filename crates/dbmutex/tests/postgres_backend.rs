@@ -927,6 +927,58 @@ async fn a_waiter_on_a_contended_name_keeps_one_session() {
         .get::<_, bool>(0));
 }
 
+/// A waiter on a name contended lately, whose idle connection (the one its
+/// next wait goes straight to) was ended by the server meanwhile, gets
+/// another and then the lock: the dead spare costs no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_waiter_whose_idle_connection_died_still_gets_the_lock() {
+    let app = unique("dead-spare");
+    let locker = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).application_name(&app))
+        .await;
+    let name = unique("dead-spare");
+    let (k1, k2) = match pg_key(&name.as_str().into(), &Prefix::from_env()) {
+        PgKey::Pair(a, b) => (a, b),
+        other => panic!("{other:?}"),
+    };
+    let holder = pg_raw().await;
+    let raw = pg_raw().await;
+    for round in 0..2 {
+        holder
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
+            .await
+            .unwrap();
+        let w = tokio::spawn({
+            let (locker, name) = (locker.clone(), name.clone());
+            async move { locker.lock(name.as_str()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!w.is_finished(), "round {round}: waits while held: {:?}", w.await);
+        holder
+            .execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2])
+            .await
+            .unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("the waiter gets the lock once it is free")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        g.release().await.unwrap();
+        if round == 0 {
+            // Its one connection, idle now, ended by the server.
+            let ended = raw
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&app],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0);
+            assert_eq!(ended, 1, "the locker kept one connection");
+        }
+    }
+}
+
 /// A name contended lately goes straight to a wait in the server on an
 /// idle connection; when no server wait is left to it (`max_server_waits`,
 /// taken by a wait on another name), it polls on a lock session instead
