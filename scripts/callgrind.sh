@@ -13,7 +13,10 @@
 #
 # Environment: CYCLES (default 2000), SIDES (default "raw dbmutex
 # dbmutex-drop"), WAITS (default 1: also the waiting cycle of a fleet
-# worker, below; 0 skips it).
+# worker, below; 0 skips it), DATA (default 1: also the data a cycle
+# touches, "data": distinct 64-byte lines of stack, heap and the program's
+# own data in one cycle's stretch of a run under valgrind's lackey,
+# scripts/data-footprint.py; 0 skips it).
 #
 # The waiting cycle: one `fleet-worker` of each side (raw, dbmutex) runs
 # under callgrind for 2 s and for 6 s beside a raw partner worker on the
@@ -43,6 +46,15 @@ ir() {
   awk '/^(summary|totals):/ { print $2; exit }' "$file"
 }
 
+# data SIDE PER: the data lines a cycle of PER instructions touches, as
+# JSON ("null" with DATA=0), from a run of 600 cycles under lackey.
+data() {
+  [ "${DATA:-1}" = 1 ] || { echo null; return; }
+  valgrind --tool=lackey --trace-mem=yes --log-fd=9 \
+    "$bench" --database-url "$url" --scenario cycles --cycle-side "$1" --cycles 600 9>&1 >/dev/null 2>/dev/null |
+    scripts/data-footprint.py "$2"
+}
+
 raw_per=""
 for side in $sides; do
   base=$(ir "$side" 0)
@@ -54,8 +66,8 @@ for side in $sides; do
   # The code a cycle runs, in distinct instructions, cache lines and pages:
   # what a fleet worker's cold caches pay for (scripts/code-footprint.py).
   fp=$(scripts/code-footprint.py "$cycles" "$out/callgrind.$side.0" "$out/callgrind.$side.$cycles")
-  printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"callgrind_out":"%s"}\n' \
-    "$side" "$cycles" "$per" "$ratio" "$fp" "$out/callgrind.$side.$cycles"
+  printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"data":%s,"callgrind_out":"%s"}\n' \
+    "$side" "$cycles" "$per" "$ratio" "$fp" "$(data "$side" "$per")" "$out/callgrind.$side.$cycles"
 done
 
 [ "${WAITS:-1}" = 1 ] || exit 0
