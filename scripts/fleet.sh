@@ -34,6 +34,7 @@ PROCS=${PROCS:-"2 50 200"}
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
 LOAD=${LOAD:-0}
+WARMUP=${WARMUP:-2}
 CALIBRATE=${CALIBRATE:-0}
 calibrate=()
 [ "$CALIBRATE" = 0 ] || calibrate=(--fleet-calibrate --fleet-pad-lines "${PAD_LINES:-0}")
@@ -89,6 +90,13 @@ printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s %8s %8s\n' N names side "acq/s"
 for n in $PROCS; do
     for names in 1 "$n"; do
         : >"$OUT/case.jsonl"
+        # A round not counted: a case's first round met a server just
+        # started or last used by another N (twice 0.38-0.42 x where the
+        # rounds after it gave 0.64-0.87, BENCHMARKS.md, session 16).
+        if [ "$WARMUP" != 0 ]; then
+            "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
+                --duration "$WARMUP" --json "${calibrate[@]}" >"$OUT/warmup.jsonl"
+        fi
         # ROUNDS runs of both sides: interleaved, so a drift of the machine
         # weighs on both; raw first in odd rounds, dbmutex first in even
         # ones, so what the second side of a run meets weighs on both too.
