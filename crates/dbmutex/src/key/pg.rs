@@ -78,16 +78,16 @@ pub fn gem_hash(bytes: &[u8]) -> i32 {
 }
 
 /// Names shorter than this are hashed by [`crc32_short`]; longer ones by
-/// `crc32fast`, whose folding with carry-less multiplies starts at 64 bytes.
-const SHORT: usize = 64;
+/// `crc32fast`, which from 16 bytes on folds with carry-less multiplies
+/// (where the CPU has them) and reads no table.
+const SHORT: usize = 16;
 
 /// CRC-32 (zlib's, reflected polynomial 0xEDB88320), four bits at a time
-/// from a 16-entry table: 64 bytes, one cache line. Below 64 bytes
-/// `crc32fast` reads a 16 KB table a byte at a time, about a cache line
-/// per byte of the name, and a fleet worker, which every other process
-/// runs between its locks, finds those lines cold (BENCHMARKS.md, "The
-/// data a cycle touches"). Equal to `crc32fast::hash` for every input
-/// (tested).
+/// from a 16-entry table: 64 bytes, one cache line. Below 16 bytes
+/// `crc32fast` reads its slicing tables (8 KB), about a cache line per
+/// byte of the name, and a fleet worker, which every other process runs
+/// between its locks, finds those lines cold (BENCHMARKS.md, "The data a
+/// cycle touches"). Equal to `crc32fast::hash` for every input (tested).
 fn crc32_short(bytes: &[u8]) -> u32 {
     const TABLE: [u32; 16] = {
         let mut t = [0u32; 16];
@@ -218,10 +218,11 @@ mod tests {
 
     #[test]
     fn the_short_crc_is_zlibs() {
-        // Every length either side of the switch, over bytes that vary in
-        // every bit (a pseudo-random walk, so no two inputs are alike).
+        // Every length either side of the switch and of crc32fast's own
+        // (16 and 128 bytes), over bytes that vary in every bit (a
+        // pseudo-random walk, so no two inputs are alike).
         let mut x = 0x9E37_79B9u32;
-        let bytes: Vec<u8> = (0..2 * SHORT + 3)
+        let bytes: Vec<u8> = (0..132)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 17;
@@ -236,6 +237,8 @@ mod tests {
                 assert_eq!(gem_hash(b), (crc32fast::hash(b) & 0x7fff_ffff) as i32);
             }
         }
+        // The short CRC on its own, past the switch too.
+        assert_eq!(crc32_short(&bytes), crc32fast::hash(&bytes));
         assert_eq!(crc32_short(b"hello"), 907_060_870);
         assert_eq!(crc32_short(&[0xff; 5]), crc32fast::hash(&[0xff; 5]));
     }
