@@ -66,8 +66,9 @@ for side in $sides; do
   # The code a cycle runs, in distinct instructions, cache lines and pages:
   # what a fleet worker's cold caches pay for (scripts/code-footprint.py).
   fp=$(scripts/code-footprint.py "$cycles" "$out/callgrind.$side.0" "$out/callgrind.$side.$cycles")
+  dp=$(data "$side" "$per")
   printf '{"side":"%s","cycles":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"data":%s,"callgrind_out":"%s"}\n' \
-    "$side" "$cycles" "$per" "$ratio" "$fp" "$(data "$side" "$per")" "$out/callgrind.$side.$cycles"
+    "$side" "$cycles" "$per" "$ratio" "$fp" "$dp" "$out/callgrind.$side.$cycles"
 done
 
 [ "${WAITS:-1}" = 1 ] || exit 0
