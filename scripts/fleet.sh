@@ -14,8 +14,9 @@
 # Environment: BENCH_BIN (a dbmutex-bench binary to run instead of building
 # this checkout's, for an A/B of two commits), PROCS (list of N), DURATION (seconds per side), ROUNDS (runs per
 # case, interleaved, the raw floor first in odd rounds and dbmutex first in
-# even ones; the summary line is their median, default 3), LOAD (busy
-# loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
+# even ones; the summary line is their median, default 3), WARMUP
+# (seconds of one round of both sides run before each case's rounds and
+# not counted, default 2; 0: none), LOAD (busy loops beside the run), MAX_CONNECTIONS (default 100, PostgreSQL's; raised to
 # fit the largest N plus room: every process of both sides holds one
 # connection), OUT (directory for the JSON lines), CALIBRATE (1: a second raw
 # floor runs where dbmutex would, labelled raw-b: how far apart the harness
@@ -90,9 +91,9 @@ printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s %8s %8s\n' N names side "acq/s"
 for n in $PROCS; do
     for names in 1 "$n"; do
         : >"$OUT/case.jsonl"
-        # A round not counted: a case's first round met a server just
-        # started or last used by another N (twice 0.38-0.42 x where the
-        # rounds after it gave 0.64-0.87, BENCHMARKS.md, session 16).
+        # A round not counted: twice a case's first round (on a server
+        # just started) put dbmutex at 0.38-0.42 x where the rounds after
+        # it gave 0.64-0.87 (BENCHMARKS.md, session 16; not explained).
         if [ "$WARMUP" != 0 ]; then
             "$BENCH" --database-url "$URL" --scenario fleet --procs "$n" --names "$names" \
                 --duration "$WARMUP" --json "${calibrate[@]}" >"$OUT/warmup.jsonl"
