@@ -51,7 +51,7 @@ ir() {
 data() {
   [ "${DATA:-1}" = 1 ] || { echo null; return; }
   valgrind --tool=lackey --trace-mem=yes --log-fd=9 \
-    "$bench" --database-url "$url" --scenario cycles --cycle-side "$1" --cycles 600 9>&1 >/dev/null 2>/dev/null |
+    "$bench" --database-url "$url" --scenario cycles --cycle-side "$1" --cycles 600 9>&1 >/dev/null |
     scripts/data-footprint.py "$2"
 }
 

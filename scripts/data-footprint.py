@@ -2,8 +2,8 @@
 """The data a lock cycle touches, as the caches see it: from a trace of
 `valgrind --tool=lackey --trace-mem=yes` on stdin, the distinct 64-byte
 lines of memory (loads and stores) touched in a stretch of the run as long
-as one cycle, in instructions; the median over the run's last third (its
-steady state), split by where the lines are.
+as one cycle, in instructions: the stretch with the median count over the
+run's last third (its steady state), split by where the lines are.
 
 Code is shared: 200 fleet workers run one binary, whose pages the caches
 hold once for all. Data is each process's own: its stack, its heap, its
@@ -28,7 +28,6 @@ functions of BINARY that touch the most of one such stretch's lines first
 import bisect
 import collections
 import json
-import statistics
 import subprocess
 import sys
 
@@ -76,21 +75,25 @@ def main():
                 mark += per
             ip = int(row[3:].split(",", 1)[0], 16)
         elif head == " ":
-            line = int(row[3:].split(",", 1)[0], 16) >> 6
-            if line not in first:
-                first[line] = ip
+            addr, size = row[3:].split(",", 1)
+            start = int(addr, 16)
+            # An access across a line boundary touches both lines.
+            for line in range(start >> 6, ((start + int(size) - 1) >> 6) + 1):
+                if line not in first:
+                    first[line] = ip
     steady = stretches[len(stretches) * 2 // 3 :]
     if not steady:
         sys.exit(f"data-footprint.py: {ins} instructions: not one stretch of {per}")
-    counts = [collections.Counter(region(line) for line in s) for s in steady]
-    # The stretch with the median number of lines stands for the cycle.
-    counts_by_size = sorted(zip((sum(c.values()) for c in counts), range(len(steady))))
-    _, mid = counts_by_size[(len(counts_by_size) - 1) // 2]
+    # The stretch with the median number of lines stands for the cycle:
+    # its total and its parts, all from that one stretch.
+    sizes = sorted((len(s), i) for i, s in enumerate(steady))
+    _, mid = sizes[(len(sizes) - 1) // 2]
+    parts = collections.Counter(region(line) for line in steady[mid])
     result = {
-        "lines": statistics.median(sum(c.values()) for c in counts),
-        "stack": statistics.median(c["stack"] for c in counts),
-        "heap": statistics.median(c["heap"] for c in counts),
-        "program": statistics.median(c["program"] for c in counts),
+        "lines": len(steady[mid]),
+        "stack": parts["stack"],
+        "heap": parts["heap"],
+        "program": parts["program"],
     }
     if binary and top:
         syms = symbols(binary)
