@@ -78,8 +78,8 @@ pub fn gem_hash(bytes: &[u8]) -> i32 {
 }
 
 /// Names shorter than this are hashed by [`crc32_short`]; longer ones by
-/// `crc32fast`, which from 16 bytes on folds with carry-less multiplies
-/// (where the CPU has them) and reads no table.
+/// `crc32fast`, which (from 1.5) folds 16 bytes and more with carry-less
+/// multiplies where the CPU has them, and reads no table.
 const SHORT: usize = 16;
 
 /// CRC-32 (zlib's, reflected polynomial 0xEDB88320), four bits at a time
