@@ -16,7 +16,7 @@
 # worker, below; 0 skips it), DATA (default 1: also the data a cycle
 # touches, "data": distinct 64-byte lines of stack, heap and the program's
 # own data in one cycle's stretch of a run under valgrind's lackey,
-# scripts/data-footprint.py; 0 skips it).
+# scripts/data-footprint.py, for the waiting cycle too; 0 skips it).
 #
 # The waiting cycle: one `fleet-worker` of each side (raw, dbmutex) runs
 # under callgrind for 2 s and for 6 s beside a raw partner worker on the
@@ -89,6 +89,23 @@ wait_run() {
   # the acquisitions are the rest.
   echo "$(awk '/^(summary|totals):/ { print $2; exit }' "$file") $(( $(wc -w <<<"$waits") - 5 ))"
 }
+# wait_data SIDE PER: the data lines of the waiting cycle (PER
+# instructions), as JSON ("null" with DATA=0): one worker under lackey for
+# 4 s beside a raw partner, as above.
+wait_data() {
+  [ "${DATA:-1}" = 1 ] || { echo null; return; }
+  local name="callgrind-wait-data-$$"
+  local start=$(( $(date +%s%3N) + 4000 ))
+  local end=$(( start + 4000 ))
+  "$bench" --database-url "$url" --scenario fleet-worker --fleet-side raw --fleet-name "$name" \
+    --fleet-app callgrind-partner --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null >/dev/null &
+  local partner=$!
+  valgrind --tool=lackey --trace-mem=yes --log-fd=9 \
+    "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$1" --fleet-name "$name" \
+    --fleet-app "callgrind-$1" --fleet-start-ms "$start" --fleet-end-ms "$end" </dev/null 9>&1 >/dev/null |
+    scripts/data-footprint.py "$2"
+  wait "$partner"
+}
 raw_wait=""
 for side in raw dbmutex; do
   read -r ir2 n2 < <(wait_run "$side" 2)
@@ -98,6 +115,7 @@ for side in raw dbmutex; do
   [ "$side" != raw ] || raw_wait=$per
   ratio=$(awk -v a="$per" -v b="$raw_wait" 'BEGIN { printf "%.3f", a / b }')
   fp=$(scripts/code-footprint.py "$(( n6 - n2 ))" "$out/callgrind.waiting-$side.2" "$out/callgrind.waiting-$side.6")
-  printf '{"side":"waiting-%s","acquisitions":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"callgrind_out":"%s"}\n' \
-    "$side" "$(( n6 - n2 ))" "$per" "$ratio" "$fp" "$out/callgrind.waiting-$side.6"
+  dp=$(wait_data "$side" "$per")
+  printf '{"side":"waiting-%s","acquisitions":%d,"instructions_per_cycle":%d,"ratio_to_raw":%s,"code":%s,"data":%s,"callgrind_out":"%s"}\n' \
+    "$side" "$(( n6 - n2 ))" "$per" "$ratio" "$fp" "$dp" "$out/callgrind.waiting-$side.6"
 done

@@ -20,7 +20,8 @@ valgrind lays a process out: "stack" is every line at or above
 0x4000000 (the program's own constants, tables and writable data; valgrind
 loads a PIE program at 0x108000 and ld.so at 0x4000000), "heap" the rest
 (malloc's heap, mappings, and the shared libraries' data, libc's malloc
-state among them). With BINARY (the traced
+state among them); and "stretches", how many stretches the median is
+over. With BINARY (the traced
 PIE program, which valgrind loads at 0x108000) and TOP, also the TOP
 functions of BINARY that touch the most of one such stretch's lines first
 (a line is counted once, for the first instruction that touches it).
@@ -94,6 +95,8 @@ def main():
         "stack": parts["stack"],
         "heap": parts["heap"],
         "program": parts["program"],
+        # How many stretches the median is over.
+        "stretches": len(steady),
     }
     if binary and top:
         syms = symbols(binary)
