@@ -13,6 +13,15 @@ use dbmutex::key::{pg_key, PgKey, Prefix};
 use dbmutex::postgres::lock_xact;
 use dbmutex::{Error, LockName, LockOptions, Locker, Mode, WaitStrategy};
 
+/// The two `int4` keys of a string name, as a raw client's
+/// `pg_advisory_lock($1, $2)` takes them.
+fn key_pair(name: &str) -> (i32, i32) {
+    match pg_key(&name.into(), &Prefix::from_env()) {
+        PgKey::Pair(a, b) => (a, b),
+        other => panic!("a string name maps to two int4 keys, not {other:?}"),
+    }
+}
+
 fn server_wait(timeout: Option<Duration>) -> LockOptions {
     LockOptions::new()
         .timeout_opt(timeout)
@@ -202,9 +211,7 @@ async fn gem_interop() {
     let raw = pg_raw().await;
     let l = Backend::Postgres.locker().await;
     let name = unique("gem");
-    let PgKey::Pair(k1, k2) = pg_key(&LockName::from(name.as_str()), &Prefix::from_env()) else {
-        panic!("string names use the two-int4 form")
-    };
+    let (k1, k2) = key_pair(&name);
     assert_eq!(
         pg_key(&"test".into(), &Prefix::none()),
         PgKey::Pair(1484750348, 0)
@@ -572,9 +579,7 @@ async fn raw_sql_holder_is_noticed_by_polling() {
     let raw = pg_raw().await;
     let l = Backend::Postgres.locker().await;
     let name = unique("rawholder");
-    let PgKey::Pair(k1, k2) = pg_key(&LockName::from(name.as_str()), &Prefix::from_env()) else {
-        unreachable!()
-    };
+    let (k1, k2) = key_pair(&name);
     raw.query_one("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
         .await
         .unwrap();
@@ -832,10 +837,7 @@ async fn a_waiter_on_a_contended_name_keeps_one_session() {
         .connect(Locker::builder(&pg_url()).application_name(&app))
         .await;
     let name = unique("fleet-waiter");
-    let (k1, k2) = match pg_key(&name.as_str().into(), &Prefix::from_env()) {
-        PgKey::Pair(a, b) => (a, b),
-        other => panic!("{other:?}"),
-    };
+    let (k1, k2) = key_pair(&name);
     let holder = pg_raw().await;
     let raw = pg_raw().await;
     let sessions = || async {
@@ -937,10 +939,7 @@ async fn a_contended_waiter_whose_idle_connection_died_still_gets_the_lock() {
         .connect(Locker::builder(&pg_url()).application_name(&app))
         .await;
     let name = unique("dead-spare");
-    let (k1, k2) = match pg_key(&name.as_str().into(), &Prefix::from_env()) {
-        PgKey::Pair(a, b) => (a, b),
-        other => panic!("{other:?}"),
-    };
+    let (k1, k2) = key_pair(&name);
     let holder = pg_raw().await;
     let raw = pg_raw().await;
     for round in 0..2 {
@@ -1402,10 +1401,7 @@ async fn default_wait_polls_when_the_server_is_full() {
     let other = waiter.lock(unique("full-server-other").as_str()).await.unwrap();
     // The holder, as another process: a raw session lock.
     let holder = pg.raw().await;
-    let (k1, k2) = match dbmutex::key::pg_key(&name.as_str().into(), &dbmutex::Prefix::from_env()) {
-        dbmutex::key::PgKey::Pair(a, b) => (a, b),
-        other => panic!("{other:?}"),
-    };
+    let (k1, k2) = key_pair(&name);
     holder
         .execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
         .await
