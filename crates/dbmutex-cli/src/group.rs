@@ -50,8 +50,8 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// Forks the guardian. Call before spawning the command (`run` does it
-    /// while its connect waits for the server), and pass
+    /// Forks the guardian. Call before spawning the command (`main` does it
+    /// for `run` before anything else: see there), and pass
     /// [`Guardian::report_fd`] to [`crate::child::Program::spawn`].
     pub fn start(kill_after: Duration) -> io::Result<Guardian> {
         let mut fds = [0 as RawFd; 2];

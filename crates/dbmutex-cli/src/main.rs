@@ -50,16 +50,27 @@ fn main() -> ExitCode {
         }
         None => {}
     }
+    // `run`'s guardian, forked first: the process is smallest now (no
+    // runtime, no connection), so the fork copies least and dbmutex takes
+    // the fewest copy-on-write faults after it, and no other thread exists
+    // whose locks the fork could copy held (see `group`).
+    let guardian = match &cli.command {
+        Command::Run(args) => Some(group::Guardian::start(args.kill_after)),
+        _ => None,
+    };
     // Current-thread on purpose: the command is started from this thread,
     // and the parent-death signal fires when that *thread* exits.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dbmutex: cannot start the async runtime: {e}");
+            if let Some(Ok(g)) = guardian {
+                g.dismiss();
+            }
             return ExitCode::from(exit::OS_ERROR);
         }
     };
-    match runtime.block_on(execute(cli)) {
+    match runtime.block_on(execute(cli, guardian)) {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
             eprintln!("dbmutex: {f}");
@@ -68,9 +79,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn execute(cli: Cli) -> Result<u8, Failure> {
+/// Runs the parsed command; `guardian` is `run`'s (forked in `main`).
+async fn execute(cli: Cli, guardian: Option<std::io::Result<group::Guardian>>) -> Result<u8, Failure> {
     match cli.command {
-        Command::Run(args) => run::run(&cli.global, args).await,
+        Command::Run(args) => {
+            let guardian = guardian.unwrap_or_else(|| group::Guardian::start(args.kill_after));
+            run::run(&cli.global, args, guardian).await
+        }
         Command::Status(args) => report::status(&cli.global, args).await,
         Command::List(args) => report::list(&cli.global, args).await,
         Command::Key(args) => report::key(&cli.global, args),

@@ -2,10 +2,8 @@
 //! connects before it is valid), [`acquire`] takes the lock, the command
 //! runs under it ([`under_lock`]: the once-per check, the [`Tree`]), and
 //! [`finish`] releases the lock, in that one place whatever happened, and
-//! picks the exit status.
-
-use std::future::Future;
-use std::pin::pin;
+//! picks the exit status. The command's guardian comes in forked (see
+//! `main`).
 
 use dbmutex::runs::Run;
 use dbmutex::LockName;
@@ -20,18 +18,18 @@ use crate::say::secs;
 use crate::signals::Signals;
 use crate::tree::{Ended, Tree};
 
-pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
-    let plan = Plan::new(global, args)?;
-    // Before connecting: a signal during the wait is never lost to the
-    // default action.
-    let mut signals = Signals::install()?;
-    // The guardian is forked while the connect waits for the server to
-    // start a session, which takes longer than the fork: off the path to
-    // the command.
-    let (taken, guardian) = meanwhile(acquire::take(&plan, &mut signals), || {
-        Guardian::start(plan.kill_after)
-    })
-    .await;
+pub async fn run(global: &Global, args: RunArgs, guardian: std::io::Result<Guardian>) -> Result<u8, Failure> {
+    // The signal handlers before connecting: a signal during the wait is
+    // never lost to the default action.
+    let ready = Plan::new(global, args).and_then(|plan| Ok((plan, Signals::install()?)));
+    let (plan, mut signals) = match ready {
+        Ok(ready) => ready,
+        Err(f) => {
+            dismiss(guardian);
+            return Err(f);
+        }
+    };
+    let taken = acquire::take(&plan, &mut signals).await;
     let held = match taken {
         Ok(Taken::Held(held)) => *held,
         Ok(Taken::Not(code)) => {
@@ -49,35 +47,6 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<u8, Failure> {
         Err(f) => (Err(f), None),
     };
     finish(&plan, outcome, held, guardian).await
-}
-
-/// Awaits `fut`, running `side` once `fut` has returned `Pending` twice
-/// (or when it ends, if that is sooner).
-///
-/// A connect waits first for the TCP handshake, then, its startup message
-/// sent, for the server to start a session: that second wait is the long
-/// one (the server forks a backend and authenticates), and work done there
-/// costs nothing. Run at the first wait instead, the guardian's fork
-/// (`perf trace`: clone 0.15-0.3 ms) sat between the handshake, which on
-/// loopback completes at once, and the startup message, and the server's
-/// new backend waited for it.
-async fn meanwhile<F: Future, T>(fut: F, side: impl FnOnce() -> T) -> (F::Output, T) {
-    let mut fut = pin!(fut);
-    let mut side = Some(side);
-    let mut got = None;
-    let mut waits = 0u32;
-    let out = std::future::poll_fn(|cx| {
-        let r = fut.as_mut().poll(cx);
-        waits += u32::from(r.is_pending());
-        if waits >= 2 || r.is_ready() {
-            if let Some(side) = side.take() {
-                got = Some(side());
-            }
-        }
-        r
-    })
-    .await;
-    (out, got.expect("run by the future's end"))
 }
 
 /// Ends a guardian whose command never started.
