@@ -12,7 +12,12 @@ use crate::spawn::{Child, Spawn};
 
 /// What to run: an argv, or a shell command line.
 pub enum Program {
-    Argv(Vec<OsString>),
+    /// `found`: where [`Program::check`] found `argv[0]` (the spawn execs
+    /// that file, and does not search `$PATH` again).
+    Argv {
+        argv: Vec<OsString>,
+        found: Option<PathBuf>,
+    },
     Shell(OsString),
 }
 
@@ -20,17 +25,18 @@ impl Program {
     /// The program's name, for messages.
     pub fn display(&self) -> String {
         match self {
-            Program::Argv(argv) => argv[0].to_string_lossy().into_owned(),
+            Program::Argv { argv, .. } => argv[0].to_string_lossy().into_owned(),
             Program::Shell(_) => shell().to_string_lossy().into_owned(),
         }
     }
 
     /// Fails as [`Program::spawn`] would (127 not found, 126 not
     /// executable) for an argv whose program is missing or not executable,
-    /// searched in `$PATH` (else `/bin:/usr/bin`, execvp's default) as the
-    /// spawn will. A shell command line always passes: its shell reports.
-    pub fn check(&self) -> Result<(), Failure> {
-        let Program::Argv(argv) = self else {
+    /// searched in `$PATH` (else `/bin:/usr/bin`, execvp's default) as
+    /// execvp would; the file found is the one the spawn runs. A shell
+    /// command line always passes: its shell reports.
+    pub fn check(&mut self) -> Result<(), Failure> {
+        let Program::Argv { argv, found: out } = self else {
             return Ok(());
         };
         let prog = Path::new(&argv[0]);
@@ -41,10 +47,11 @@ impl Program {
             std::env::split_paths(&path).map(|dir| dir.join(prog)).collect()
         };
         let mut found = false;
-        for c in &candidates {
+        for c in candidates {
             if c.is_file() {
                 found = true;
-                if executable(c) {
+                if executable(&c) {
+                    *out = Some(c);
                     return Ok(());
                 }
             }
@@ -86,11 +93,15 @@ impl Program {
         env: &[(&str, Option<String>)],
     ) -> Result<Child, Failure> {
         let shell_line;
-        let (file, args): (&OsStr, Vec<&OsStr>) = match self {
-            Program::Argv(argv) => (&argv[0], argv[1..].iter().map(OsString::as_os_str).collect()),
+        let (file, args, found): (&OsStr, Vec<&OsStr>, _) = match self {
+            Program::Argv { argv, found } => (
+                &argv[0],
+                argv[1..].iter().map(OsString::as_os_str).collect(),
+                found.as_deref(),
+            ),
             Program::Shell(line) => {
                 shell_line = shell();
-                (&shell_line, vec![OsStr::new("-c"), line.as_os_str()])
+                (&shell_line, vec![OsStr::new("-c"), line.as_os_str()], None)
             }
         };
         let cannot = |e: io::Error| {
@@ -101,7 +112,7 @@ impl Program {
             };
             Failure::new(code, format!("cannot run {}: {e}", self.display()))
         };
-        let spawn = Spawn::new(file, &args, env, report_fd, terminal).ok_or_else(|| {
+        let spawn = Spawn::new(file, found, &args, env, report_fd, terminal).ok_or_else(|| {
             cannot(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "nul byte found in provided data",

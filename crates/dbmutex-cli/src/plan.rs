@@ -65,7 +65,7 @@ impl Plan {
     /// Checks the arguments in the order a user meets them: the command,
     /// then the name, then the backend and what it supports.
     pub fn new(global: &Global, args: RunArgs) -> Result<Plan, Failure> {
-        let program = program(&args)?;
+        let mut program = program(&args)?;
         // A command that cannot start takes no lock and records no run.
         program.check()?;
         let lock = valid_name(&args.name, &args.int)?;
@@ -132,7 +132,10 @@ impl Plan {
 fn program(args: &RunArgs) -> Result<Program, Failure> {
     match (&args.shell_command, args.argv.is_empty()) {
         (Some(line), _) => Ok(Program::Shell(line.clone())),
-        (None, false) => Ok(Program::Argv(args.argv.clone())),
+        (None, false) => Ok(Program::Argv {
+            argv: args.argv.clone(),
+            found: None,
+        }),
         (None, true) => Err(Failure::usage(
             "no command to run: give one after NAME (dbmutex run NAME -- COMMAND [ARGS...]) \
              or with -c 'SHELL COMMAND'",

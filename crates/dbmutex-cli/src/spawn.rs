@@ -33,6 +33,7 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -98,7 +99,9 @@ const POLL_WITHOUT_PIDFD: Duration = Duration::from_millis(2);
 
 /// What to start, prepared before the clone (the child may not allocate).
 pub struct Spawn {
-    file: CString,
+    /// The file `argv[0]` names, found in `$PATH` before: exec'd first
+    /// (`None`: `argv[0]` is searched there).
+    found: Option<CString>,
     argv: Vec<CString>,
     env: Vec<CString>,
     /// The guardian's pipe: the child writes its pid there.
@@ -109,18 +112,25 @@ pub struct Spawn {
 
 impl Spawn {
     /// `program` with `args`, in dbmutex's environment changed by `env`
-    /// (a `None` value removes the variable). `None` when a string holds a
-    /// NUL byte, which no exec could pass.
+    /// (a `None` value removes the variable). `found`: the file `program`
+    /// names, already looked up in `$PATH` (the child then makes no failed
+    /// exec per directory before it, while dbmutex waits for it); `program`
+    /// stays the command's `argv[0]`. `None` when a string holds a NUL
+    /// byte, which no exec could pass.
     pub fn new(
         program: &OsStr,
+        found: Option<&Path>,
         args: &[&OsStr],
         env: &[(&str, Option<String>)],
         report_fd: RawFd,
         terminal: Option<RawFd>,
     ) -> Option<Spawn> {
         let c = |s: &OsStr| CString::new(s.as_bytes()).ok();
-        let file = c(program)?;
-        let mut argv = vec![file.clone()];
+        let found = match found {
+            Some(path) => Some(c(path.as_os_str())?),
+            None => None,
+        };
+        let mut argv = vec![c(program)?];
         for a in args {
             argv.push(c(a)?);
         }
@@ -140,7 +150,7 @@ impl Spawn {
             envp.push(CString::new(kv).ok()?);
         }
         Some(Spawn {
-            file,
+            found,
             argv,
             env: envp,
             report_fd,
@@ -148,7 +158,8 @@ impl Spawn {
         })
     }
 
-    /// Starts the program (searched in `$PATH` as `execvp` does) as the
+    /// Starts the program (the file found in `$PATH`, else searched there as
+    /// `execvp` does) as the
     /// leader of a process group of its own; see [`crate::child::Program::spawn`].
     /// Returns once the child has exec'd, or with the error that kept it
     /// from it.
@@ -160,7 +171,7 @@ impl Spawn {
         let (argv, envp) = (null_terminated(&self.argv), null_terminated(&self.env));
         let stack = Stack::new(STACK_SIZE + (self.argv.len() + 2) * std::mem::size_of::<*const u8>())?;
         let args = ChildArgs {
-            file: self.file.as_ptr(),
+            found: self.found.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
             argv: argv.as_ptr(),
             envp: envp.as_ptr(),
             report_fd: self.report_fd,
@@ -216,7 +227,8 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
 
 /// What the child reads, prepared by the parent.
 struct ChildArgs {
-    file: *const libc::c_char,
+    /// The file found in `$PATH` (a path), or null: search for `argv[0]`.
+    found: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     report_fd: RawFd,
@@ -283,7 +295,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(libc::ESRCH);
             }
         }
-        libc::execvpe(args.file, args.argv, args.envp);
+        // The file found before the wait for the lock; if it is gone by
+        // now, `$PATH` is searched again, as without it.
+        if !args.found.is_null() {
+            libc::execvpe(args.found, args.argv, args.envp);
+            if errno() != libc::ENOENT {
+                fail(errno());
+            }
+        }
+        libc::execvpe(*args.argv, args.argv, args.envp);
         fail(errno())
     }
 }

@@ -682,6 +682,67 @@ fn unrunnable_commands_exit_126_127(b: &Backend) {
     b.assert_free(&name);
 }
 
+/// The command runs as found in `$PATH` when the run was checked (the
+/// spawn does not search again), with its `argv[0]` as given; a file found
+/// then and gone by the time the lock is taken is looked up again.
+fn path_lookup_keeps_argv0_and_looks_again(b: &Backend) {
+    use std::os::unix::fs::PermissionsExt;
+    let name = b.name("path");
+    // A binary's argv[0] (sh's own command line): the name, not the path.
+    let out = b.run(&["run", &name, "--", "sh", "-c", "tr '\\0' ' ' < /proc/$$/cmdline"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(line.split(' ').next(), Some("sh"), "{line:?}");
+    let dirs = ["path-first", "path-second"].map(|d| b.marker(d));
+    for dir in &dirs {
+        std::fs::create_dir_all(dir).unwrap();
+        let tool = dir.join("dbmutex-path-tool");
+        let said = dir.file_name().unwrap().to_str().unwrap();
+        std::fs::write(&tool, format!("#!/bin/sh\necho {said}\n")).unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}:{}",
+        dirs[0].display(),
+        dirs[1].display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = b
+        .cmd(&["run", &name, "--", "dbmutex-path-tool"])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "path-first");
+    // Found in the first directory, removed from it while the run waits.
+    let go = b.marker("path-go");
+    let mut holder = b.hold(
+        &name,
+        &[],
+        &format!("while [ ! -e '{}' ]; do sleep 0.01; done", go.display()),
+    );
+    let mut waiter = Proc(Some(
+        b.cmd(&["run", &name, "--", "dbmutex-path-tool"])
+            .env("PATH", &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let mut lines = Lines::of(waiter.child());
+    assert!(
+        lines.wait_for("waiting for lock", Duration::from_secs(15)),
+        "{}",
+        lines.all()
+    );
+    std::fs::remove_file(dirs[0].join("dbmutex-path-tool")).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    let out = waiter.finish();
+    assert_eq!(code(&out), 0, "{}", lines.all());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "path-second");
+    assert_eq!(code(&holder.finish()), 0);
+}
+
 /// SIGTERM, SIGINT and SIGHUP to dbmutex reach the command; dbmutex waits
 /// for it, releases, and exits with its status.
 fn signals_are_forwarded(b: &Backend) {
@@ -2944,5 +3005,5 @@ backend_tests! {
     ]
     postgres: [list_shows_held_locks, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, shared_and_exclusive, transaction_lock, run_uses_one_connection, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
     mysql: [missing_fence_table_exits_69, list_shows_held_locks_on_a_private_server, lock_loss_stops_command_exit_70, lock_loss_stops_the_whole_tree, unreachable_server_exits_69, unsupported_options_exit_64, connect_error_says_its_cause_once, status_json_errors, int_names_are_the_gems],
-    local: [list_shows_held_locks, terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
+    local: [path_lookup_keeps_argv0_and_looks_again, list_shows_held_locks, terminal_belongs_to_the_command, job_control_works, shared_and_exclusive, unusable_lock_dir_exits_69, unsupported_options_exit_64, verbose_notice_rereads_the_holders],
 }
