@@ -44,7 +44,14 @@ impl Program {
             vec![prog.to_owned()]
         } else {
             let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
-            std::env::split_paths(&path).map(|dir| dir.join(prog)).collect()
+            // An empty entry is the current directory, for execvp too; as
+            // `./name`, so that the spawn execs it without a search.
+            std::env::split_paths(&path)
+                .map(|dir| match dir.as_os_str().is_empty() {
+                    true => Path::new(".").join(prog),
+                    false => dir.join(prog),
+                })
+                .collect()
         };
         let mut found = false;
         for c in candidates {

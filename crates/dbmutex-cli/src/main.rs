@@ -83,6 +83,8 @@ fn main() -> ExitCode {
 async fn execute(cli: Cli, guardian: Option<std::io::Result<group::Guardian>>) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => {
+            // Always forked in `main` for `run`; forking here instead would
+            // only be slower.
             let guardian = guardian.unwrap_or_else(|| group::Guardian::start(args.kill_after));
             run::run(&cli.global, args, guardian).await
         }

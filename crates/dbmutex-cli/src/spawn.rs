@@ -295,12 +295,18 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 fail(libc::ESRCH);
             }
         }
-        // The file found before the wait for the lock; if it is gone by
-        // now, `$PATH` is searched again, as without it.
+        // The file found before the wait for the lock; if it cannot be run
+        // by now for a reason execvp's search goes past (gone, made
+        // unexecutable), `$PATH` is searched again, as without it (that
+        // search meets the file again and reports EACCES as execvp does).
         if !args.found.is_null() {
             libc::execvpe(args.found, args.argv, args.envp);
-            if errno() != libc::ENOENT {
-                fail(errno());
+            let e = errno();
+            if !matches!(
+                e,
+                libc::ENOENT | libc::EACCES | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT
+            ) {
+                fail(e);
             }
         }
         libc::execvpe(*args.argv, args.argv, args.envp);

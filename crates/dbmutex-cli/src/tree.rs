@@ -70,13 +70,6 @@ impl Tree {
         // that comes before the listener would be missed, and the job
         // would hang.
         let terminal = Terminal::controlling();
-        let sigchld = match &terminal {
-            Some(_) => Some(
-                signal(SignalKind::child())
-                    .map_err(|e| Failure::new(exit::OS_ERROR, format!("cannot handle signals: {e}")))?,
-            ),
-            None => None,
-        };
         // The guardian first: from the moment the command exists, dbmutex's
         // death (even by SIGKILL) stops its whole process group.
         let guardian = guardian.map_err(|e| {
@@ -85,6 +78,19 @@ impl Tree {
                 format!("cannot start the process that watches over the command: {e}"),
             )
         })?;
+        let sigchld = match &terminal {
+            Some(_) => match signal(SignalKind::child()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    guardian.dismiss();
+                    return Err(Failure::new(
+                        exit::OS_ERROR,
+                        format!("cannot handle signals: {e}"),
+                    ));
+                }
+            },
+            None => None,
+        };
         // The group gets the terminal only if dbmutex has it (foreground job).
         let give = terminal.as_ref().filter(|t| t.is_ours()).map(Terminal::raw_fd);
         let child = match program.spawn(guardian.report_fd(), give, env) {

@@ -714,33 +714,58 @@ fn path_lookup_keeps_argv0_and_looks_again(b: &Backend) {
         .unwrap();
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "path-first");
-    // Found in the first directory, removed from it while the run waits.
-    let go = b.marker("path-go");
-    let mut holder = b.hold(
-        &name,
-        &[],
-        &format!("while [ ! -e '{}' ]; do sleep 0.01; done", go.display()),
-    );
-    let mut waiter = Proc(Some(
-        b.cmd(&["run", &name, "--", "dbmutex-path-tool"])
-            .env("PATH", &path)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
-    let mut lines = Lines::of(waiter.child());
-    assert!(
-        lines.wait_for("waiting for lock", Duration::from_secs(15)),
-        "{}",
-        lines.all()
-    );
-    std::fs::remove_file(dirs[0].join("dbmutex-path-tool")).unwrap();
-    std::fs::write(&go, b"").unwrap();
-    let out = waiter.finish();
-    assert_eq!(code(&out), 0, "{}", lines.all());
+    // Found in the first directory, then removed from it or made
+    // unexecutable while the run waits: the second's runs, as execvp would.
+    for (i, what) in ["removed", "made unexecutable"].into_iter().enumerate() {
+        let first = dirs[0].join("dbmutex-path-tool");
+        std::fs::write(&first, "#!/bin/sh\necho path-first\n").unwrap();
+        std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let go = b.marker(&format!("path-go-{i}"));
+        let mut holder = b.hold(
+            &name,
+            &[],
+            &format!("while [ ! -e '{}' ]; do sleep 0.01; done", go.display()),
+        );
+        let mut waiter = Proc(Some(
+            b.cmd(&["run", &name, "--", "dbmutex-path-tool"])
+                .env("PATH", &path)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ));
+        let mut lines = Lines::of(waiter.child());
+        assert!(
+            lines.wait_for("waiting for lock", Duration::from_secs(15)),
+            "{}",
+            lines.all()
+        );
+        match i {
+            0 => std::fs::remove_file(&first).unwrap(),
+            _ => std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o644)).unwrap(),
+        }
+        std::fs::write(&go, b"").unwrap();
+        let out = waiter.finish();
+        assert_eq!(code(&out), 0, "{what}: {}", lines.all());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "path-second",
+            "{what}"
+        );
+        assert_eq!(code(&holder.finish()), 0);
+    }
+    // An empty entry is the current directory.
+    let out = b
+        .cmd(&["run", &name, "--", "dbmutex-path-tool"])
+        .env(
+            "PATH",
+            format!("/nonexistent::{}", std::env::var("PATH").unwrap_or_default()),
+        )
+        .current_dir(&dirs[1])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "path-second");
-    assert_eq!(code(&holder.finish()), 0);
 }
 
 /// SIGTERM, SIGINT and SIGHUP to dbmutex reach the command; dbmutex waits
