@@ -486,7 +486,13 @@ impl Lines {
 /// Starts `dbmutex ARGS` with its stderr read line by line, and waits
 /// until it says that it is waiting for its lock.
 fn start_waiting(b: &Backend, args: &[&str]) -> (Proc, Lines) {
-    let mut waiter = Proc(Some(b.cmd(args).stderr(Stdio::piped()).spawn().unwrap()));
+    start_waiting_cmd(b, b.cmd(args))
+}
+
+/// As [`start_waiting`], for a command already set up (its environment,
+/// its stdout).
+fn start_waiting_cmd(b: &Backend, mut cmd: Command) -> (Proc, Lines) {
+    let mut waiter = Proc(Some(cmd.stderr(Stdio::piped()).spawn().unwrap()));
     let mut lines = Lines::of(waiter.child());
     assert!(
         lines.wait_for("waiting for lock", Duration::from_secs(15)),
@@ -726,20 +732,9 @@ fn path_lookup_keeps_argv0_and_looks_again(b: &Backend) {
             &[],
             &format!("while [ ! -e '{}' ]; do sleep 0.01; done", go.display()),
         );
-        let mut waiter = Proc(Some(
-            b.cmd(&["run", &name, "--", "dbmutex-path-tool"])
-                .env("PATH", &path)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        ));
-        let mut lines = Lines::of(waiter.child());
-        assert!(
-            lines.wait_for("waiting for lock", Duration::from_secs(15)),
-            "{}",
-            lines.all()
-        );
+        let mut cmd = b.cmd(&["run", &name, "--", "dbmutex-path-tool"]);
+        cmd.env("PATH", &path).stdout(Stdio::piped());
+        let (mut waiter, lines) = start_waiting_cmd(b, cmd);
         match i {
             0 => std::fs::remove_file(&first).unwrap(),
             _ => std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o644)).unwrap(),
@@ -1754,17 +1749,7 @@ fn verbose_repeats_the_waiting_line(b: &Backend) {
 fn verbose_notice_rereads_the_holders(b: &Backend) {
     let name = b.name("reread");
     let first = b.hold(&name, &["-s"], "exec sleep 30");
-    let mut waiter = Proc(Some(
-        b.cmd(&["run", "-v", "-w", "8", &name, "--", "true"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
-    let mut lines = Lines::of(waiter.child());
-    assert!(
-        lines.wait_for("waiting for lock", Duration::from_secs(15)),
-        "the waiter never said it was waiting"
-    );
+    let (mut waiter, lines) = start_waiting(b, &["run", "-v", "-w", "8", &name, "--", "true"]);
     let second = b.hold(&name, &["-s", "-n"], "exec sleep 30");
     let out = waiter.finish();
     let err = lines.all();
