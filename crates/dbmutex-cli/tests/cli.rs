@@ -806,8 +806,8 @@ fn signal_while_waiting_exits_128_plus_n(b: &Backend) {
     b.assert_held(&name);
 }
 
-/// The guardian is forked while dbmutex connects, before the lock is
-/// taken: a waiter has it as its one child, and a waiter that gives up
+/// The guardian is forked as dbmutex starts, before it connects: a waiter
+/// has it as its one child, and a waiter that gives up
 /// (SIGTERM) or dies (kill -9) before its command starts leaves no
 /// guardian behind.
 fn waiting_guardian_ends_with_the_wait(b: &Backend) {
