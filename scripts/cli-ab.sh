@@ -8,7 +8,8 @@
 #
 #   scripts/cli-ab.sh 300 "old/dbmutex run n -- /usr/bin/true" "new/dbmutex run n -- /usr/bin/true"
 #
-# The command lines are run by bash (`eval`), their output discarded.
+# The command lines are run by bash (`eval`), their output discarded; one
+# that exits non-zero stops the A/B (a failing run is not a fast one).
 set -euo pipefail
 export LC_ALL=C
 [ $# -eq 3 ] || { echo "usage: scripts/cli-ab.sh N 'COMMAND A' 'COMMAND B'" >&2; exit 64; }
@@ -16,9 +17,13 @@ n=$1 a=$2 b=$3
 ta=() tb=()
 # time_one COMMAND: its wall time in microseconds, in $t (no subshell).
 time_one() {
-  local s=$EPOCHREALTIME
-  eval "$1" >/dev/null 2>&1 || true
+  local s=$EPOCHREALTIME rc=0
+  eval "$1" >/dev/null 2>&1 || rc=$?
   local e=$EPOCHREALTIME
+  if [ "$rc" != 0 ]; then
+    echo "cli-ab.sh: exit status $rc from: $1" >&2
+    exit 1
+  fi
   t=$((${e/./} - ${s/./}))
 }
 for ((i = 0; i < n; i++)); do

@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, Global};
 use crate::exit::Failure;
 
 fn main() -> ExitCode {
@@ -50,27 +50,31 @@ fn main() -> ExitCode {
         }
         None => {}
     }
-    // `run`'s guardian, forked first: the process is smallest now (no
-    // runtime, no connection), so the fork copies least and dbmutex takes
-    // the fewest copy-on-write faults after it, and no other thread exists
-    // whose locks the fork could copy held (see `group`).
-    let guardian = match &cli.command {
-        Command::Run(args) => Some(group::Guardian::start(args.kill_after)),
-        _ => None,
-    };
-    // Current-thread on purpose: the command is started from this thread,
-    // and the parent-death signal fires when that *thread* exits.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dbmutex: cannot start the async runtime: {e}");
-            if let Some(Ok(g)) = guardian {
-                g.dismiss();
-            }
-            return ExitCode::from(exit::OS_ERROR);
+    let Cli { global, command } = cli;
+    let result = match command {
+        Command::Run(args) => {
+            // The guardian, forked first: the process is smallest now (no
+            // runtime, no connection), so the fork copies least and dbmutex
+            // takes the fewest copy-on-write faults after it, and no other
+            // thread exists whose locks the fork could copy held (see
+            // `group`).
+            let guardian = group::Guardian::start(args.kill_after);
+            let Some(runtime) = runtime() else {
+                if let Ok(g) = guardian {
+                    g.dismiss();
+                }
+                return ExitCode::from(exit::OS_ERROR);
+            };
+            runtime.block_on(run::run(&global, args, guardian))
+        }
+        command => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::from(exit::OS_ERROR);
+            };
+            runtime.block_on(execute(&global, command))
         }
     };
-    match runtime.block_on(execute(cli, guardian)) {
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
             eprintln!("dbmutex: {f}");
@@ -79,21 +83,29 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs the parsed command; `guardian` is `run`'s (forked in `main`).
-async fn execute(cli: Cli, guardian: Option<std::io::Result<group::Guardian>>) -> Result<u8, Failure> {
-    match cli.command {
-        Command::Run(args) => {
-            // Always forked in `main` for `run`; forking here instead would
-            // only be slower.
-            let guardian = guardian.unwrap_or_else(|| group::Guardian::start(args.kill_after));
-            run::run(&cli.global, args, guardian).await
+/// The async runtime, or `None` (said on stderr) if it cannot start.
+/// Current-thread on purpose: the command is started from this thread, and
+/// the parent-death signal fires when that *thread* exits.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("dbmutex: cannot start the async runtime: {e}");
+            None
         }
-        Command::Status(args) => report::status(&cli.global, args).await,
-        Command::List(args) => report::list(&cli.global, args).await,
-        Command::Key(args) => report::key(&cli.global, args),
-        Command::Init => init::init(&cli.global).await,
-        Command::Help(_) | Command::Completions(_) | Command::Man(_) => {
-            unreachable!("handled before the runtime starts")
+    }
+}
+
+/// Runs the parsed command but `run` (which `main` starts with its
+/// guardian) and the documentation subcommands.
+async fn execute(global: &Global, command: Command) -> Result<u8, Failure> {
+    match command {
+        Command::Status(args) => report::status(global, args).await,
+        Command::List(args) => report::list(global, args).await,
+        Command::Key(args) => report::key(global, args),
+        Command::Init => init::init(global).await,
+        Command::Run(_) | Command::Help(_) | Command::Completions(_) | Command::Man(_) => {
+            unreachable!("handled in main")
         }
     }
 }
