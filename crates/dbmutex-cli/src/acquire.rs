@@ -118,7 +118,29 @@ pub enum Taken {
 async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
     let start = tokio::time::Instant::now();
     let locker = plan.target.connect_for_wait(plan.wait).await?;
-    // `-w` bounds the whole wait: the connect spent part of it.
+    let held = |r: Option<(LockGuard, Option<SlotCount>)>| {
+        r.map(|(guard, count)| Held {
+            _locker: locker.clone(),
+            guard,
+            count,
+        })
+    };
+    // With a notice to give: one try, and if the lock is busy, who holds
+    // it, read now on the connection that will wait (once the wait is in
+    // the server that connection is busy, and a fleet of waiters each
+    // opening a second one to say "held by" would crowd the server out).
+    let mut first_holders = None;
+    if plan.notices != Notices::Never && plan.wait != Some(Duration::ZERO) {
+        let once = plan.opts.clone().timeout(Duration::ZERO);
+        let got = acquire(&locker, &plan.lock, &once, plan.slots)
+            .await
+            .map_err(exit::after_connect)?;
+        if got.is_some() {
+            return Ok(held(got));
+        }
+        first_holders = Some(holders_now(&locker, plan).await);
+    }
+    // `-w` bounds the whole wait: the connect and the try spent part of it.
     let wait = plan.wait.map(|w| w.saturating_sub(start.elapsed()));
     let opts = plan.opts.clone().timeout_opt(wait);
     let acquire = async {
@@ -127,13 +149,6 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
             .map_err(exit::after_connect)
     };
     let mut acquire = pin!(acquire);
-    let held = |r: Option<(LockGuard, Option<SlotCount>)>| {
-        r.map(|(guard, count)| Held {
-            _locker: locker.clone(),
-            guard,
-            count,
-        })
-    };
     let mut next = NOTICE_AFTER;
     let mut said = 0u32;
     while plan.notices == Notices::Repeat || (plan.notices == Notices::Once && said == 0) {
@@ -141,15 +156,16 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
             r = &mut acquire => return Ok(held(r?)),
             () = tokio::time::sleep_until(start + next) => {}
         }
-        // Still waiting: say on what, and who holds it now, while the wait
-        // goes on.
-        let holders = tokio::select! {
-            r = &mut acquire => return Ok(held(r?)),
-            h = tokio::time::timeout(HOLDERS_QUERY_LIMIT, locker.holders(plan.lock.clone())) => h,
-        };
-        let who = match holders {
-            Ok(Ok(h)) if !h.is_empty() => format!(" (held by {})", holders_text(&h)),
-            _ => String::new(),
+        // Still waiting: say on what, and who holds it. The first notice
+        // names the holders read before the wait; `-v`'s later ones read
+        // them again while the wait goes on (a short-lived second
+        // connection on PostgreSQL and MySQL: asked for with `-v`).
+        let who = match first_holders.take() {
+            Some(who) => who,
+            None => tokio::select! {
+                r = &mut acquire => return Ok(held(r?)),
+                who = holders_now(&locker, plan) => who,
+            },
         };
         if said == 0 {
             eprintln!("dbmutex: waiting for lock {}{who}", plan.name);
@@ -168,6 +184,15 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
         }
     }
     Ok(held(acquire.await?))
+}
+
+/// " (held by ...)" as the server tells now, or nothing if it does not
+/// tell within [`HOLDERS_QUERY_LIMIT`].
+async fn holders_now(locker: &Locker, plan: &Plan) -> String {
+    match tokio::time::timeout(HOLDERS_QUERY_LIMIT, locker.holders(plan.lock.clone())).await {
+        Ok(Ok(h)) if !h.is_empty() => format!(" (held by {})", holders_text(&h)),
+        _ => String::new(),
+    }
 }
 
 /// Takes the lock within the options' wait with the library's default

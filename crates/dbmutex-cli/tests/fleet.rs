@@ -68,19 +68,92 @@ fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitSt
     None
 }
 
+/// `WAITERS` `dbmutex run -w 240 NAME` processes waiting for one lock held
+/// elsewhere, each running a command that fails if another is inside it.
+struct Fleet {
+    waiters: Vec<Child>,
+    dir: std::path::PathBuf,
+    name: &'static str,
+}
+
+const WAITERS: usize = 50;
+
+impl Fleet {
+    fn start(url: &str, name: &'static str) -> Fleet {
+        let dir = tempfile_dir(name);
+        let script = format!(
+            "mkdir {d}/in || exit 99; sleep 0.02; rmdir {d}/in; echo x >> {d}/ran",
+            d = dir.display()
+        );
+        let waiters = (0..WAITERS)
+            .map(|_| {
+                dbmutex(url)
+                    .args(["run", "-w", "240", name, "--", "sh", "-c", &script])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        Fleet { waiters, dir, name }
+    }
+
+    /// The peak of `connections()`, sampled from the start until `queued()`
+    /// says every waiter waits in the server and then on through the
+    /// moment each says whom it waits for (1 s into its wait, plus margin).
+    fn peak(&self, mut connections: impl FnMut() -> i64, mut queued: impl FnMut() -> bool) -> i64 {
+        let until = Instant::now() + Duration::from_secs(90);
+        let mut peak = 0;
+        let mut queued_at = None;
+        loop {
+            peak = peak.max(connections());
+            match queued_at {
+                None if queued() => queued_at = Some(Instant::now()),
+                None => assert!(Instant::now() < until, "not every waiter queued in the server"),
+                Some(t) if t.elapsed() > Duration::from_millis(2500) => return peak,
+                Some(_) => {}
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Once the lock is free: every waiter ran its command, one at a time,
+    /// after a notice that named the holder.
+    fn finish(mut self) {
+        for (i, w) in self.waiters.iter_mut().enumerate() {
+            let status =
+                wait_exit(w, Duration::from_secs(120)).unwrap_or_else(|| panic!("waiter {i} never finished"));
+            let mut err = String::new();
+            if let Some(mut e) = w.stderr.take() {
+                std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+            }
+            assert!(status.success(), "waiter {i}: {status}, stderr: {err}");
+            assert!(
+                err.contains(&format!("dbmutex: waiting for lock {} (held by ", self.name)),
+                "waiter {i}: {err}"
+            );
+        }
+        let ran = std::fs::read_to_string(self.dir.join("ran")).unwrap();
+        assert_eq!(
+            ran.lines().count(),
+            WAITERS,
+            "every waiter ran its command once, never two at once"
+        );
+    }
+}
+
 /// 50 processes waiting for one name on a server with the default
-/// `max_connections = 100` use 50 connections in all (one each: the lock
-/// session waits in the server itself), an ordinary client connects 10 of
-/// 10 times while they wait, and every waiter then gets the lock in turn,
-/// one at a time.
+/// `max_connections = 100` use at most 50 connections at any moment (one
+/// each: the lock session waits in the server itself, and the waiting
+/// notice's "held by" is read on it before the wait), an ordinary client
+/// connects 10 of 10 times while they wait, and every waiter then gets the
+/// lock in turn, one at a time.
 #[test]
 fn fifty_waiting_processes_leave_room_for_everyone_else() {
-    const WAITERS: usize = 50;
     let pg = PrivatePg::start(&[
         ("max_connections", "100"),
         ("superuser_reserved_connections", "3"),
     ]);
-    let dir = tempfile_dir("fleet-fifty");
     let name = "fleet-fifty";
     let (k1, k2) = pg_keys(name);
     let rt = rt();
@@ -88,42 +161,17 @@ fn fifty_waiting_processes_leave_room_for_everyone_else() {
     rt.block_on(raw.batch_execute("CREATE ROLE app LOGIN")).unwrap();
     rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
         .unwrap();
-    let script = format!(
-        "mkdir {d}/in || exit 99; sleep 0.02; rmdir {d}/in; echo x >> {d}/ran",
-        d = dir.display()
-    );
-    let mut waiters: Vec<Child> = (0..WAITERS)
-        .map(|_| {
-            dbmutex(&pg.url())
-                .args(["run", "-w", "240", name, "--", "sh", "-c", &script])
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    // Every waiter queued in the server.
+    let fleet = Fleet::start(&pg.url(), name);
     let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
-    let until = Instant::now() + Duration::from_secs(90);
-    while rt.block_on(count(&raw, waiting_sql)) < WAITERS as i64 {
-        assert!(Instant::now() < until, "not every waiter queued in the server");
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let ours_sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dbmutex-cli'";
-    let ours = rt.block_on(count(&raw, ours_sql));
-    println!("{WAITERS} waiting processes: {ours} server connections");
-    assert!(
-        ours <= WAITERS as i64 + 2,
-        "{WAITERS} waiters took {ours} connections"
+    let peak = fleet.peak(
+        || rt.block_on(count(&raw, ours_sql)),
+        || rt.block_on(count(&raw, waiting_sql)) >= WAITERS as i64,
     );
-    // And still after each has said whom it waits for (the notice after
-    // 1 s looks up the holders on a connection of its own, closed soon).
-    std::thread::sleep(Duration::from_millis(2500));
-    let later = rt.block_on(count(&raw, ours_sql));
-    println!("{WAITERS} waiting processes after their notices: {later} server connections");
+    println!("{WAITERS} waiting processes: at most {peak} server connections");
     assert!(
-        later <= WAITERS as i64 + 2,
-        "{WAITERS} waiters hold {later} connections after their notices"
+        peak <= WAITERS as i64,
+        "{WAITERS} waiters took {peak} connections at once"
     );
     // An ordinary (non-superuser) client still gets in, every time.
     let app_url = pg.url().replace("postgres://postgres@", "postgres://app@");
@@ -142,21 +190,48 @@ fn fifty_waiting_processes_leave_room_for_everyone_else() {
     );
     rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
         .unwrap();
-    for (i, w) in waiters.iter_mut().enumerate() {
-        let status =
-            wait_exit(w, Duration::from_secs(120)).unwrap_or_else(|| panic!("waiter {i} never finished"));
-        let mut err = String::new();
-        if let Some(mut e) = w.stderr.take() {
-            std::io::Read::read_to_string(&mut e, &mut err).unwrap();
-        }
-        assert!(status.success(), "waiter {i}: {status}, stderr: {err}");
-    }
-    let ran = std::fs::read_to_string(dir.join("ran")).unwrap();
-    assert_eq!(
-        ran.lines().count(),
-        WAITERS,
-        "every waiter ran its command once, never two at once"
+    fleet.finish();
+}
+
+/// The same fleet on MariaDB (`GET_LOCK` waits in the server too): at most
+/// one connection per waiting process at any moment, notices included.
+#[test]
+fn fifty_waiting_processes_on_mariadb_keep_one_connection_each() {
+    use mysql_async::prelude::Queryable;
+    let my = PrivateMariaDb::start(&[]);
+    let name = "fleet-fifty-my";
+    let rt = rt();
+    let mut raw = rt.block_on(my.raw());
+    let lock_name = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
+    let got: Option<i64> = rt
+        .block_on(raw.query_first(format!("SELECT GET_LOCK('{lock_name}', 0)")))
+        .unwrap();
+    assert_eq!(got, Some(1));
+    let fleet = Fleet::start(&my.url(), name);
+    // Every client session but this one (the server's own threads show as
+    // 'Daemon' or have no user session).
+    let ours_sql = "SELECT count(*) FROM information_schema.processlist \
+                    WHERE id <> CONNECTION_ID() AND command NOT IN ('Daemon', 'Binlog Dump') \
+                    AND user <> 'system user'";
+    let waiting_sql = "SELECT count(*) FROM information_schema.processlist WHERE state = 'User lock'";
+    let raw = std::cell::RefCell::new(raw);
+    let q = |sql: &str| -> i64 {
+        rt.block_on(raw.borrow_mut().query_first::<i64, _>(sql))
+            .unwrap()
+            .unwrap_or(0)
+    };
+    let peak = fleet.peak(|| q(ours_sql), || q(waiting_sql) >= WAITERS as i64);
+    println!("{WAITERS} waiting processes on MariaDB: at most {peak} server connections");
+    assert!(
+        peak <= WAITERS as i64,
+        "{WAITERS} waiters took {peak} connections at once"
     );
+    rt.block_on(
+        raw.borrow_mut()
+            .query_drop(format!("DO RELEASE_LOCK('{lock_name}')")),
+    )
+    .unwrap();
+    fleet.finish();
 }
 
 /// A waiter whose server restarts keeps waiting (reconnecting) until its

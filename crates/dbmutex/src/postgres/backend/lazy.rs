@@ -98,6 +98,16 @@ impl LazyConn {
         }
     }
 
+    /// The lock session if it is live and nothing uses it (no lock held on
+    /// it, no statement of another task under way): a quick read can run on
+    /// it instead of opening the side connection.
+    pub(crate) fn idle(&self) -> Option<Arc<PgConn>> {
+        let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        c.as_ref()
+            .filter(|c| !c.is_lost() && Arc::strong_count(c) == 1)
+            .cloned()
+    }
+
     pub(crate) fn live(&self) -> Option<Arc<PgConn>> {
         let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         c.as_ref().filter(|c| !c.is_lost()).cloned()
@@ -142,6 +152,11 @@ impl Side {
             connector,
             settings,
         }
+    }
+
+    /// The live side connection, if there is one.
+    pub(crate) fn live(&self) -> Option<Arc<PgConn>> {
+        self.conn.shared()
     }
 
     /// The live side connection, connecting one if there is none.

@@ -173,10 +173,15 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Where introspection and lock-table counts run: the side connection,
-    /// so that the lock session only ever runs statements that answer at
-    /// once (its keepalive probe counts on it).
+    /// Where introspection and lock-table counts run: reads that answer at
+    /// once (the lock session's keepalive probe counts on that). On the side
+    /// connection if it is open, else on the lock session while nothing
+    /// uses it, else on a side connection opened now: a process that looks
+    /// before it waits (`dbmutex run`'s "held by") keeps one connection.
     async fn probe(&self) -> Result<Arc<PgConn>> {
+        if let Some(c) = self.side.live().or_else(|| self.session.idle()) {
+            return Ok(c);
+        }
         self.side.get().await
     }
 
@@ -462,7 +467,9 @@ impl Backend for PgBackend {
 /// session runs only quick statements).
 impl Records for PgBackend {
     fn create_tables(&self) -> BoxFut<'_, Result<()>> {
-        Box::pin(async move { fence::create_tables(&*self.probe().await?).await })
+        // DDL may wait on another session's catalog locks: never on the
+        // lock session.
+        Box::pin(async move { fence::create_tables(&*self.side.get().await?).await })
     }
 
     fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>> {
