@@ -125,12 +125,13 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
             count,
         })
     };
-    // With a notice to give: one try, and if the lock is busy, who holds
-    // it, read now on the connection that will wait (once the wait is in
-    // the server that connection is busy, and a fleet of waiters each
-    // opening a second one to say "held by" would crowd the server out).
+    // With a notice to give (a wait that can outlast its first second):
+    // one try, and if the lock is busy, who holds it, read now on the
+    // connection that will wait (once the wait is in the server that
+    // connection is busy, and a fleet of waiters each opening a second one
+    // to say "held by" would crowd the server out).
     let mut first_holders = None;
-    if plan.notices != Notices::Never && plan.wait != Some(Duration::ZERO) {
+    if plan.notices != Notices::Never && plan.wait.is_none_or(|w| w > NOTICE_AFTER) {
         let once = plan.opts.clone().timeout(Duration::ZERO);
         let got = acquire(&locker, &plan.lock, &once, plan.slots)
             .await
