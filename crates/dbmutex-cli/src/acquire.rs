@@ -6,7 +6,7 @@
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
-use dbmutex::{LockGuard, LockName, LockOptions, Locker, SlotCount};
+use dbmutex::{BackendKind, LockGuard, LockName, LockOptions, Locker, SlotCount};
 
 use crate::child;
 use crate::exit::{self, Failure};
@@ -125,24 +125,25 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
             count,
         })
     };
-    // With a notice to give (a wait that can outlast its first second):
-    // one try, and if the lock is busy, who holds it, read now on the
-    // connection that will wait (once the wait is in the server that
-    // connection is busy, and a fleet of waiters each opening a second one
-    // to say "held by" would crowd the server out).
+    // `-w` bounds the whole wait, the connect included.
+    let left = || plan.wait.map(|w| w.saturating_sub(start.elapsed()));
+    // With a notice to give (a wait that can outlast its first second), on
+    // a server where a wait blocks its connection: one try, and if the
+    // lock is busy, who holds it, read now on the connection that will
+    // wait (a fleet of waiters each opening a second one to say "held by"
+    // would crowd the server out). A try or read that fails leaves it to
+    // the wait, which reconnects within `-w`.
     let mut first_holders = None;
-    if plan.notices != Notices::Never && plan.wait.is_none_or(|w| w > NOTICE_AFTER) {
+    let blocks = matches!(locker.backend(), BackendKind::Postgres | BackendKind::Mysql);
+    if blocks && plan.notices != Notices::Never && plan.wait.is_none_or(|w| w > NOTICE_AFTER) {
         let once = plan.opts.clone().timeout(Duration::ZERO);
-        let got = acquire(&locker, &plan.lock, &once, plan.slots)
-            .await
-            .map_err(exit::after_connect)?;
-        if got.is_some() {
-            return Ok(held(got));
+        match acquire(&locker, &plan.lock, &once, plan.slots).await {
+            Ok(Some(got)) => return Ok(held(Some(got))),
+            Ok(None) => first_holders = Some(holders_now(&locker, plan, left()).await),
+            Err(_) => {}
         }
-        first_holders = Some(holders_now(&locker, plan).await);
     }
-    // `-w` bounds the whole wait: the connect and the try spent part of it.
-    let wait = plan.wait.map(|w| w.saturating_sub(start.elapsed()));
+    let wait = left();
     let opts = plan.opts.clone().timeout_opt(wait);
     let acquire = async {
         acquire(&locker, &plan.lock, &opts, plan.slots)
@@ -165,7 +166,7 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
             Some(who) => who,
             None => tokio::select! {
                 r = &mut acquire => return Ok(held(r?)),
-                who = holders_now(&locker, plan) => who,
+                who = holders_now(&locker, plan, None) => who,
             },
         };
         if said == 0 {
@@ -188,9 +189,11 @@ async fn connect_and_take(plan: &Plan) -> Result<Option<Held>, Failure> {
 }
 
 /// " (held by ...)" as the server tells now, or nothing if it does not
-/// tell within [`HOLDERS_QUERY_LIMIT`].
-async fn holders_now(locker: &Locker, plan: &Plan) -> String {
-    match tokio::time::timeout(HOLDERS_QUERY_LIMIT, locker.holders(plan.lock.clone())).await {
+/// tell within [`HOLDERS_QUERY_LIMIT`] (or within `left`, what is left of
+/// `-w`).
+async fn holders_now(locker: &Locker, plan: &Plan, left: Option<Duration>) -> String {
+    let limit = left.map_or(HOLDERS_QUERY_LIMIT, |l| l.min(HOLDERS_QUERY_LIMIT));
+    match tokio::time::timeout(limit, locker.holders(plan.lock.clone())).await {
         Ok(Ok(h)) if !h.is_empty() => format!(" (held by {})", holders_text(&h)),
         _ => String::new(),
     }

@@ -103,8 +103,8 @@ impl Target {
         let builder = builder
             .connect_timeout(bound.unwrap_or(CONNECT_TIMEOUT))
             // One lock per process: an idle extra connection (the side one
-            // the waiting notice's "held by" opens) serves nobody later, and
-            // a fleet of waiters must not keep one each.
+            // `-v`'s repeated "held by" opens) serves nobody later, and a
+            // fleet of waiters must not keep one each.
             .idle_timeout(IDLE_TIMEOUT);
         builder.connect().await.map_err(|e| {
             let mut f = Failure::from(e);

@@ -54,9 +54,10 @@ are not reached.
 see `dbmutex status --help`).
 
 While it waits, dbmutex says once (after 1 s) which lock it waits for and who
-held it when the wait began (read on the connection that waits, so a waiter
-costs the server one connection); with -v it says so again every 5 s, with the
-holders as they are then (read on a second, short-lived connection).
+holds it (on PostgreSQL and MySQL: who held it when the wait began, read on the
+connection that waits, so a waiter costs the server one connection); with -v it
+says so again every 5 s, with the holders as they are then (there read on a
+second, short-lived connection).
 With -E 0 a lock that stays busy is not news: nothing is printed (unless -v).
 
 --int takes NAME as an integer, as the Ruby gem's Integer lock names: the same

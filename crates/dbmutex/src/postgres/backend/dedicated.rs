@@ -41,6 +41,11 @@ impl Spares {
         self.0.take()
     }
 
+    /// Whether [`take`](Self::take) would now hand out a connection.
+    pub(crate) fn has_fresh(&self) -> bool {
+        self.0.has_fresh()
+    }
+
     /// Keeps `conn` (clean: it holds nothing) for the next wait, if there is
     /// room; else closes it.
     pub(crate) fn put(&self, conn: Arc<PgConn>) {

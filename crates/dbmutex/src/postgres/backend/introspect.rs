@@ -1,5 +1,6 @@
 //! Who holds what: the server's `pg_locks`, joined with
-//! `pg_stat_activity`, read on the locker's side connection (see [`super::lazy`]).
+//! `pg_stat_activity`, read on the locker's side connection, or one key's
+//! holders on the idle lock session (see [`super::lazy`]).
 
 use tokio_postgres::types::Type;
 

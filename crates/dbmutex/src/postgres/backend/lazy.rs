@@ -1,7 +1,9 @@
 //! The locker's long-lived connections, made on first use and replaced
 //! when lost: the lock session, and a side connection for what must not
-//! hold up the lock session (introspection, lock-table counts) — opened
-//! only when first needed, so an uncontended locker keeps one connection.
+//! hold up the lock session (the lock table's listing, the records'
+//! tables; one key's holders and lock-table counts while the lock session
+//! is in use) — opened only when first needed, so an uncontended locker
+//! keeps one connection.
 //!
 //! Connections move between roles: a lock session that holds nothing when
 //! its task must wait is [detached](LazyConn::detach) to wait in the server
@@ -134,8 +136,8 @@ impl Reusable for Arc<PgConn> {
     }
 }
 
-/// The side connection: opened on first use (introspection, lock-table
-/// counts, hand-off messages) and closed once unused for the locker's
+/// The side connection: opened on first use (see the module's comment)
+/// and closed once unused for the locker's
 /// `idle_timeout`, so a quiet locker keeps only its lock session.
 pub(crate) struct Side {
     conn: Arc<Idle<Arc<PgConn>>>,

@@ -42,8 +42,9 @@ pub(crate) struct PgBackend {
     connector: Connector,
     /// The lock session shared by polling session locks.
     session: LazyConn,
-    /// The side connection (introspection, counts), opened on first use:
-    /// an uncontended locker keeps one connection.
+    /// The side connection (the lock table's listing, records; one key's
+    /// holders and counts while the lock session is in use), opened on
+    /// first use: an uncontended locker keeps one connection.
     side: Arc<Side>,
     /// The locker's name prefix.
     prefix: crate::Prefix,
@@ -173,11 +174,13 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Where introspection and lock-table counts run: reads that answer at
-    /// once (the lock session's keepalive probe counts on that). On the side
-    /// connection if it is open, else on the lock session while nothing
-    /// uses it, else on a side connection opened now: a process that looks
-    /// before it waits (`dbmutex run`'s "held by") keeps one connection.
+    /// Where one key's holders and the lock-table count are read: small
+    /// reads that answer at once (the lock session's keepalive probe counts
+    /// on that). On the side connection if it is open, else on the lock
+    /// session while nothing uses it, else on a side connection opened now:
+    /// a process that looks before it waits (`dbmutex run`'s "held by")
+    /// keeps one connection. Reads that may take long (the whole lock
+    /// table, a table DDL may lock) go on the side connection only.
     async fn probe(&self) -> Result<Arc<PgConn>> {
         if let Some(c) = self.side.live().or_else(|| self.session.idle()) {
             return Ok(c);
@@ -432,6 +435,15 @@ impl Backend for PgBackend {
                 // Polling tries on the lock session, every time.
                 return Ok(Waited::Poll(self.tries(at, ticket, false).await?));
             }
+            if !after_try && !self.spares.has_fresh() {
+                // A wait in the server asked for, or a transaction lock,
+                // with no idle connection at hand: on the lock session
+                // itself if it holds nothing, so a process that takes one
+                // lock at a time keeps one connection.
+                if let Some(c) = self.session.detach() {
+                    self.spares.put(c);
+                }
+            }
             // The key is contended whether the wait gets it or times out:
             // the next acquisition skips its try.
             if let Some(h) = &at.hold {
@@ -445,11 +457,15 @@ impl Backend for PgBackend {
 
     fn held<'a>(&'a self, only: Option<(&'a LockName, &'a PgKey)>) -> impl Fut<'a, Vec<ListedLock>> {
         async move {
-            let conn = self.probe().await?;
             if let Some((name, key)) = only {
+                let conn = self.probe().await?;
                 let holders = introspect::holders(&conn, name, key, &self.prefix).await?;
+                // An answer: a keepalive probe queued behind it is not
+                // taken for silence.
+                conn.heard_from_server();
                 return Ok(rows(name, key, holders));
             }
+            let conn = self.side.get().await?;
             let mut rows = introspect::list(&conn, &self.prefix).await?;
             if let Some(pid) = self.session.live().and_then(|s| s.server_pid()) {
                 self.names.fill(&mut rows, pid);
@@ -463,16 +479,15 @@ impl Backend for PgBackend {
     }
 }
 
-/// Fencing tokens and runs in tables, on the side connection (the lock
-/// session runs only quick statements).
+/// The tables' own requests, on the side connection: a read of
+/// `dbmutex_runs` waits behind DDL on it, and `create_tables` is DDL
+/// (the lock session runs only quick statements).
 impl Records for PgBackend {
     fn create_tables(&self) -> BoxFut<'_, Result<()>> {
-        // DDL may wait on another session's catalog locks: never on the
-        // lock session.
         Box::pin(async move { fence::create_tables(&*self.side.get().await?).await })
     }
 
     fn last_run<'a>(&'a self, name: &'a LockName, key: &'a str) -> BoxFut<'a, Result<Option<LastRun>>> {
-        Box::pin(async move { runs::last(&*self.probe().await?, key, name).await })
+        Box::pin(async move { runs::last(&*self.side.get().await?, key, name).await })
     }
 }

@@ -392,7 +392,7 @@ impl PgConn {
         }
     }
 
-    pub(super) fn heard_from_server(&self) {
+    pub(crate) fn heard_from_server(&self) {
         let now = crate::core::clock::coarse_ms();
         self.last_answer_ms
             .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
