@@ -207,12 +207,7 @@ fn fifty_waiting_processes_on_mariadb_keep_one_connection_each() {
     let my = PrivateMariaDb::start(&[]);
     let name = "fleet-fifty-my";
     let rt = rt();
-    let mut raw = rt.block_on(my.raw());
-    let lock_name = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
-    let got: Option<i64> = rt
-        .block_on(raw.query_first(format!("SELECT GET_LOCK('{lock_name}', 0)")))
-        .unwrap();
-    assert_eq!(got, Some(1));
+    let (raw, lock_name) = rt.block_on(hold_on_mariadb(&my, name));
     let fleet = Fleet::start(&my.url(), name);
     // Every client session but this one (the server's own threads show as
     // 'Daemon' or have no user session).
@@ -280,12 +275,7 @@ fn a_waiter_rides_out_a_mariadb_restart() {
     let my = PrivateMariaDb::start(&[]);
     let name = "fleet-restart-my";
     let rt = rt();
-    let mut raw = rt.block_on(my.raw());
-    let lock_name = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
-    let got: Option<i64> = rt
-        .block_on(raw.query_first(format!("SELECT GET_LOCK('{lock_name}', 0)")))
-        .unwrap();
-    assert_eq!(got, Some(1));
+    let (mut raw, _) = rt.block_on(hold_on_mariadb(&my, name));
     let mut waiter = dbmutex(&my.url())
         .args(["run", "-w", "60", name, "--", "true"])
         .stderr(Stdio::piped())
@@ -372,6 +362,20 @@ fn unique(tag: &str) -> String {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("t-{tag}-{}-{n}", std::process::id())
+}
+
+/// A raw session on `my` holding `name` (`GET_LOCK`), and the lock's
+/// string there.
+async fn hold_on_mariadb(my: &PrivateMariaDb, name: &str) -> (mysql_async::Conn, String) {
+    use mysql_async::prelude::Queryable;
+    let mut raw = my.raw().await;
+    let lock_name = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
+    let got: Option<i64> = raw
+        .query_first(format!("SELECT GET_LOCK('{lock_name}', 0)"))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(1));
+    (raw, lock_name)
 }
 
 fn tempfile_dir(tag: &str) -> std::path::PathBuf {

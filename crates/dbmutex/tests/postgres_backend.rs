@@ -825,6 +825,16 @@ async fn dropped_guards_after_waits_reuse_their_connections() {
     );
 }
 
+/// A locker whose connections carry a unique `application_name` (for
+/// counting them in `pg_stat_activity`), and that name.
+async fn app_locker(tag: &str) -> (String, Locker) {
+    let app = unique(tag);
+    let locker = Backend::Postgres
+        .connect(Locker::builder(&pg_url()).application_name(&app))
+        .await;
+    (app, locker)
+}
+
 /// A fresh locker's transaction lock, and a server-side wait asked for,
 /// wait on the locker's one connection (its idle lock session), not on a
 /// second one beside it: a `dbmutex run --transaction` waiter costs the
@@ -832,10 +842,7 @@ async fn dropped_guards_after_waits_reuse_their_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_wait_in_the_server_keeps_one_connection() {
     for opts in [server_wait(None), LockOptions::new().transaction(true)] {
-        let app = unique("lone-wait");
-        let locker = Backend::Postgres
-            .connect(Locker::builder(&pg_url()).application_name(&app))
-            .await;
+        let (app, locker) = app_locker("lone-wait").await;
         let name = unique("lone-wait");
         let (k1, k2) = key_pair(&name);
         let holder = pg_raw().await;
@@ -880,10 +887,7 @@ async fn a_lone_wait_in_the_server_keeps_one_connection() {
 /// between still run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_on_a_contended_name_keeps_one_session() {
-    let app = unique("fleet-waiter");
-    let locker = Backend::Postgres
-        .connect(Locker::builder(&pg_url()).application_name(&app))
-        .await;
+    let (app, locker) = app_locker("fleet-waiter").await;
     let name = unique("fleet-waiter");
     let (k1, k2) = key_pair(&name);
     let holder = pg_raw().await;
