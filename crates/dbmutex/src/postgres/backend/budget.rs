@@ -168,6 +168,9 @@ impl Budget {
                     .query("SELECT count(*) FROM pg_locks WHERE NOT fastpath", &[])
                     .await
                     .map_err(|e| Error::Database(Box::new(e)))?;
+                // Perhaps read on the idle lock session: an answer, so a
+                // keepalive probe queued behind it is not taken for silence.
+                conn.heard_from_server();
                 let used = rows.first().map_or(0, |r| r.get::<_, i64>(0)).max(0) as u64;
                 let limit = self.limit();
                 let mut st = self.state();

@@ -82,10 +82,7 @@ impl LazyConn {
     /// session gets another.
     pub(crate) fn detach(&self) -> Option<Arc<PgConn>> {
         let mut slot = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if slot
-            .as_ref()
-            .is_some_and(|c| !c.is_lost() && Arc::strong_count(c) == 1)
-        {
+        if slot.as_ref().is_some_and(free) {
             let c = slot.take()?;
             c.stop_heartbeat();
             return Some(c);
@@ -105,15 +102,20 @@ impl LazyConn {
     /// it instead of opening the side connection.
     pub(crate) fn idle(&self) -> Option<Arc<PgConn>> {
         let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        c.as_ref()
-            .filter(|c| !c.is_lost() && Arc::strong_count(c) == 1)
-            .cloned()
+        c.as_ref().filter(|c| free(c)).cloned()
     }
 
     pub(crate) fn live(&self) -> Option<Arc<PgConn>> {
         let c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         c.as_ref().filter(|c| !c.is_lost()).cloned()
     }
+}
+
+/// The lock session `c` is alive and nothing but its slot refers to it (no
+/// lock held on it, no statement of another task under way; a heartbeat
+/// holds a `Weak`): it may be lent out.
+fn free(c: &Arc<PgConn>) -> bool {
+    c.alive() && c.unused()
 }
 
 /// Side and spare connections, as idle pools keep them.
@@ -137,8 +139,8 @@ impl Reusable for Arc<PgConn> {
 }
 
 /// The side connection: opened on first use (see the module's comment)
-/// and closed once unused for the locker's
-/// `idle_timeout`, so a quiet locker keeps only its lock session.
+/// and closed once unused for the locker's `idle_timeout`, so a quiet
+/// locker keeps only its lock session.
 pub(crate) struct Side {
     conn: Arc<Idle<Arc<PgConn>>>,
     gate: tokio::sync::Mutex<()>,
