@@ -90,6 +90,19 @@ impl LazyConn {
         None
     }
 
+    /// Moves the lock session to `spares` if it holds nothing (the next
+    /// wait then takes it, and the next lock session is made from an idle
+    /// connection when needed): `true` if it did.
+    pub(crate) fn lend_to(&self, spares: &Spares) -> bool {
+        match self.detach() {
+            Some(c) => {
+                spares.put(c);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Adopts `conn` if it is alive.
     pub(crate) fn set(&self, conn: Arc<PgConn>) {
         if !conn.is_lost() {

@@ -245,7 +245,7 @@ impl PgBackend {
     /// the core polls on the lock session, which needs none (a server
     /// short of connections must not fail a wait that polling would serve).
     async fn ready_to_wait(&self, at: &Attempt<'_, Self>) -> Result<bool> {
-        if self.lend_session() {
+        if self.session.lend_to(&self.spares) {
             return Ok(true);
         }
         let room = || async {
@@ -255,19 +255,6 @@ impl PgBackend {
         self.spares
             .ready(&self.connector, at.settings, at.deadline, room)
             .await
-    }
-
-    /// Moves the lock session to the spares if it holds nothing (the next
-    /// wait then takes it, and the next lock session is made from an idle
-    /// connection when needed): `true` if it did.
-    fn lend_session(&self) -> bool {
-        match self.session.detach() {
-            Some(c) => {
-                self.spares.put(c);
-                true
-            }
-            None => false,
-        }
     }
 }
 
@@ -452,7 +439,7 @@ impl Backend for PgBackend {
                 // with no idle connection at hand: on the lock session
                 // itself if it holds nothing, so a process that takes one
                 // lock at a time keeps one connection.
-                self.lend_session();
+                self.session.lend_to(&self.spares);
             }
             // The key is contended whether the wait gets it or times out:
             // the next acquisition skips its try.
