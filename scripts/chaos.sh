@@ -162,6 +162,13 @@ if [ "$etcd" = 1 ]; then
   start_private_etcd
 fi
 # Every feature, as scripts/test.sh builds the library: after it (CI), the
-# example reuses that build instead of compiling the crate again.
-cargo build -q -p dbmutex --all-features --example chaos
-"${CARGO_TARGET_DIR:-target}/debug/examples/chaos" run "$mode" "$@"
+# example reuses that build instead of compiling the crate again. With
+# DBMUTEX_CHAOS_BIN (an example built already, as .ci/run does before it
+# starts both runs beside its other steps), no cargo here: it would wait
+# for their build's lock.
+chaos_bin=${DBMUTEX_CHAOS_BIN:-}
+if [ -z "$chaos_bin" ]; then
+  cargo build -q -p dbmutex --all-features --example chaos
+  chaos_bin=${CARGO_TARGET_DIR:-target}/debug/examples/chaos
+fi
+"$chaos_bin" run "$mode" "$@"

@@ -266,6 +266,57 @@ fn a_waiter_rides_out_a_server_restart() {
     assert!(status.success(), "{status}: {err}");
 }
 
+/// A contended `dbmutex run` with a notice to give reads who holds the
+/// lock before it waits: it tries once, reads, and then waits in the
+/// server at once, without a second try (the server's statement log, one
+/// line per statement, says which statements its session ran).
+#[test]
+fn a_contended_run_tries_once_then_waits() {
+    let pg = PrivatePg::start(&[("log_statement", "'all'"), ("log_line_prefix", "'%a|'")]);
+    let name = "fleet-one-try";
+    let (k1, k2) = pg_keys(name);
+    let rt = rt();
+    let raw = rt.block_on(pg.raw());
+    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let mut waiter = dbmutex(&pg.url())
+        .args(["run", "-w", "30", name, "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
+    let until = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(count(&raw, waiting_sql)) < 1 {
+        assert!(Instant::now() < until, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past the first notice, which names the holder read before the wait.
+    std::thread::sleep(Duration::from_millis(1300));
+    rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let status = wait_exit(&mut waiter, Duration::from_secs(20)).expect("the waiter gets the lock");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains(&format!("waiting for lock {name} (held by ")),
+        "{err}"
+    );
+    let log = pg.log();
+    let ours: Vec<&str> = log.lines().filter(|l| l.starts_with("dbmutex-cli|")).collect();
+    let tries = ours
+        .iter()
+        .filter(|l| l.contains("pg_try_advisory_lock("))
+        .count();
+    let waits = ours.iter().filter(|l| l.contains("pg_advisory_lock(")).count();
+    assert_eq!(
+        (tries, waits),
+        (1, 1),
+        "one try, then one wait; the session ran:\n{}",
+        ours.join("\n")
+    );
+}
+
 /// A MariaDB restart while a process waits: the waiter reconnects and
 /// waits on until its own bound, and gets the lock once the server is back
 /// (the restart ended the raw holder's session, and its lock).

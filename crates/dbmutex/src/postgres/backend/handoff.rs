@@ -34,7 +34,8 @@ pub(crate) struct PgSlot {
     /// have kept the server lock on the session without a break.
     pub(crate) parked_since_ms: AtomicU64,
     /// When (ms on the process clock, 0: not) this locker last got the key
-    /// only by waiting (see [`contended_lately`]).
+    /// only by waiting, or found it held with a try-once (see
+    /// [`contended_lately`]).
     contended_ms: AtomicU64,
 }
 
@@ -58,8 +59,8 @@ pub(crate) const PARK_BUDGET: Duration = Duration::from_millis(20);
 /// How long a key that was last got by waiting counts as contended.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
-/// Marks whether the key of `slot` was just got by waiting (`true`) or by
-/// a try. The mark lives in the key's in-process slot, which stays in the
+/// Marks whether the key of `slot` was just got by waiting, or found held
+/// by a try-once (`true`), or got by a try. The mark lives in the key's in-process slot, which stays in the
 /// arbiter's table while idle (up to its `KEEP_IDLE` entries): a process
 /// taking one lock at a time still finds it at its next acquisition. No
 /// lock and no clock read for an uncontended try.
@@ -72,8 +73,8 @@ pub(crate) fn note_contended(slot: &Slot<PgSlot>, waited: bool) {
     }
 }
 
-/// Whether this locker last got the key of `slot` by waiting, within
-/// [`CONTENDED_FOR`]: then a try would most likely fail, and a waiter that
+/// Whether this locker last got the key of `slot` by waiting (or found it
+/// held with a try-once), within [`CONTENDED_FOR`]: then a try would most likely fail, and a waiter that
 /// can wait in the server on its own session goes there at once (the raw
 /// floor's one `pg_advisory_lock`, not a try and then a wait).
 pub(crate) fn contended_lately(slot: &Slot<PgSlot>) -> bool {

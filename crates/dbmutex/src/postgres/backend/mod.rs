@@ -393,7 +393,15 @@ impl Backend for PgBackend {
                 true => lock,
                 false => match lock.try_lock().await {
                     (lock, Ok(true)) => lock,
-                    (_, Ok(false)) => return Ok(None),
+                    (_, Ok(false)) => {
+                        // A try-once that failed: a wait that follows
+                        // (`dbmutex run`'s look at the holders, then its
+                        // wait) goes straight to the server, no second try.
+                        if let (true, Some(h)) = (at.opts.is_try_once(), &at.hold) {
+                            handoff::note_contended(h.slot(), true);
+                        }
+                        return Ok(None);
+                    }
                     (_, Err(e)) => return Err(e),
                 },
             };
