@@ -161,11 +161,10 @@ if [ "$etcd" = 1 ]; then
   trap 'stop_private_etcd; stop_private_pg' EXIT
   start_private_etcd
 fi
-# Every feature, as scripts/test.sh builds the library: after it (CI), the
-# example reuses that build instead of compiling the crate again. With
-# DBMUTEX_CHAOS_BIN (an example built already, as .ci/run does before it
-# starts both runs beside its other steps), no cargo here: it would wait
-# for their build's lock.
+# Every feature. DBMUTEX_CHAOS_BIN names an example built already (.ci/run
+# builds it with test.sh's targets and features, which reuses test.sh's
+# build: `-p dbmutex` alone unifies other features and compiles the
+# library again), and then no cargo runs here.
 chaos_bin=${DBMUTEX_CHAOS_BIN:-}
 if [ -z "$chaos_bin" ]; then
   cargo build -q -p dbmutex --all-features --example chaos
