@@ -723,10 +723,10 @@ async fn connect_check_catches_a_fresh_round_robin_pool() {
     );
 }
 
-/// Over a Unix socket no connection is ever found direct, so the connect
-/// check always runs, its second connection made at once beside the lock
-/// session (`PgBackend::with_connector`): the check must stay as strong as
-/// over TCP. A transaction pooler (20 fresh round-robin pools of two warm
+/// Over PgBouncer's Unix socket the connection is not found direct (the
+/// socket's listener is PgBouncer, not the parent of the server's
+/// backends), so the connect check runs, on a second connection once the
+/// claim has shown it: the check must stay as strong as over TCP. A transaction pooler (20 fresh round-robin pools of two warm
 /// server sessions, and a LIFO one) is caught and session locks refused,
 /// transaction locks work; a statement pooler is refused at connect; a
 /// session pooler that resets with `DISCARD ALL` passes and its session

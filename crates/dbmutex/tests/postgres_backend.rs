@@ -1739,10 +1739,10 @@ async fn a_release_dropped_in_flight_frees_the_lock() {
     }
 }
 
-/// Over a unix socket (no TCP address to find the server at, so never
-/// "direct"), the claim reads the session's start with it: session locks
-/// work and exclude a TCP client of the same server, and a transaction
-/// lock too. On a private server, whose socket is in its own directory.
+/// Over a unix socket (found direct: the socket's listener is the
+/// postmaster; see the next test): session locks work and exclude a TCP
+/// client of the same server, and a transaction lock too. On a private
+/// server, whose socket is in its own directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unix_socket_connection_claims_its_session_and_excludes() {
     let pg = common::PrivatePg::start(&[]);
@@ -1779,4 +1779,89 @@ async fn a_unix_socket_connection_claims_its_session_and_excludes() {
         .unwrap()
         .expect("free once released");
     again.release().await.unwrap();
+}
+
+/// Over the server's own Unix socket the connection is found direct: the
+/// process listening on the socket (`SO_PEERCRED`) is the postmaster, whose
+/// child serves the session. So the connect opens one server session, with
+/// no pooler check on a second (the server's connection log counts them).
+/// Through a pooler's socket
+/// the check still runs (`pgbouncer.rs`,
+/// `the_connect_check_holds_over_a_unix_socket`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_to_the_postmaster_is_direct() {
+    let pg = common::PrivatePg::start(&[("log_connections", "on")]);
+    let dir = pg.dir().display().to_string().replace('/', "%2F");
+    let app = unique("unix-direct");
+    let socket = format!(
+        "postgres://postgres@{dir}:{}/test?application_name={app}",
+        pg.port()
+    );
+    let locker = Locker::connect(&socket)
+        .await
+        .expect("connect over the unix socket");
+    let name = unique("unix-direct");
+    let g = locker.lock(name.as_str()).await.unwrap();
+    g.release().await.unwrap();
+    let sessions = pg
+        .log()
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains(&app))
+        .count();
+    assert_eq!(
+        sessions, 1,
+        "the connect and a lock opened {sessions} server sessions"
+    );
+}
+
+/// A wait abandoned over a Unix socket we dialed ourselves leaves the
+/// server's queue at once: its cancel request goes to the same socket
+/// (tokio-postgres, which did not dial it, cannot send one). Without the
+/// cancel the server would notice only at its next connection check
+/// (`client_connection_check_interval`, 1 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_wait_over_a_unix_socket_leaves_the_queue() {
+    let pg = common::PrivatePg::start(&[]);
+    let dir = pg.dir().display().to_string().replace('/', "%2F");
+    let app = unique("unix-cancel");
+    let socket = format!(
+        "postgres://postgres@{dir}:{}/test?application_name={app}",
+        pg.port()
+    );
+    let locker = Locker::connect(&socket).await.unwrap();
+    let name = unique("unix-cancel");
+    let (k1, k2) = key_pair(&name);
+    let raw = pg.raw().await;
+    raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2])
+        .await
+        .unwrap();
+    let waiting = || async {
+        raw.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'advisory'",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    let w = tokio::spawn({
+        let (locker, name) = (locker.clone(), name.clone());
+        async move { locker.lock(name.as_str()).await }
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while waiting().await == 0 {
+        assert!(std::time::Instant::now() < until, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    w.abort();
+    let abandoned = std::time::Instant::now();
+    while waiting().await > 0 {
+        assert!(
+            abandoned.elapsed() < Duration::from_millis(700),
+            "the abandoned wait still queued after {:?}",
+            abandoned.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("left the queue {:?} after it was abandoned", abandoned.elapsed());
 }

@@ -22,7 +22,15 @@ impl PgConn {
         drop(self.runtime.spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
                 // A socket we dialed ourselves left tokio-postgres without
-                // the address to send the cancel to: we dial it again.
+                // the address to send the cancel to: we dial it again (a
+                // Unix socket's without TLS, which PostgreSQL refuses there).
+                #[cfg(unix)]
+                if let Some(unix) = &me.unix {
+                    if let Ok(stream) = tokio::net::UnixStream::connect(&unix.path).await {
+                        let _ = token.cancel_query_raw(stream, tokio_postgres::NoTls).await;
+                    }
+                    return;
+                }
                 let Some(ends) = &me.ends else {
                     let _ = match tls {
                         Tls::Off => token.cancel_query(tokio_postgres::NoTls).await,

@@ -90,7 +90,7 @@ impl PgConn {
         // at its other end (`direct.rs`'s `is_own_socket`): the session's
         // start comes with the claim, no extra round trip. Else it is asked
         // only if the session is not at the other end (below).
-        let with_start = self.ends.is_none();
+        let with_start = self.ends.is_none() && self.unix.is_none();
         let rows = self
             .client
             .query_typed(
@@ -132,7 +132,10 @@ impl PgConn {
             true => (None, None),
             false => (row.get(11), row.get(12)),
         };
-        let own = self.check_direct(client_end).await;
+        let own = match &self.unix {
+            Some(unix) => self.check_unix(unix.listener, Some(pid)),
+            None => self.check_direct(client_end).await,
+        };
         self.own_socket.store(own, std::sync::atomic::Ordering::Relaxed);
         let started = if with_start {
             row.get(11)
@@ -249,6 +252,22 @@ impl PgConn {
         self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
         if direct || self.cleared.load(std::sync::atomic::Ordering::Relaxed) {
             self.watch_once_cleared();
+        }
+        direct
+    }
+
+    /// [`check_direct`](Self::check_direct) on a Unix socket we dialed
+    /// ourselves: direct when the socket's `listener` is the postmaster
+    /// whose child serves the session `pid` (`direct.rs`,
+    /// [`is_postmasters_own`](super::direct::is_postmasters_own)); the
+    /// server is then asked to watch for our vanishing at once (of its
+    /// settings, a socket heeds the idle-session and connection checks).
+    fn check_unix(self: &Arc<Self>, listener: Option<i32>, pid: Option<i32>) -> bool {
+        let direct = super::direct::is_postmasters_own(listener, pid);
+        self.answers.store(direct, std::sync::atomic::Ordering::Relaxed);
+        self.direct.store(direct, std::sync::atomic::Ordering::Relaxed);
+        if direct {
+            self.ask_server_to_watch();
         }
         direct
     }

@@ -126,10 +126,11 @@ impl Connector {
     }
 
     /// Whether no connection made here can be found direct (several hosts,
-    /// a Unix socket: `direct.rs`'s [`Dialed::of`] names no one TCP host):
+    /// a Unix socket we do not dial ourselves: `direct.rs`'s [`Dialed::of`]
+    /// names no one TCP host, and [`own_unix`](Self::own_unix) no socket):
     /// the locker's pooler check then always runs, on a second connection.
     pub(crate) fn never_direct(&self) -> bool {
-        Dialed::of(&self.config).is_none()
+        Dialed::of(&self.config).is_none() && self.own_unix().is_none()
     }
 
     /// Opens a connection. With `claim`, it claims its server session (see
@@ -166,6 +167,10 @@ impl Connector {
         if let Some(own) = self.own_dial() {
             return self.connect_own(own).await;
         }
+        #[cfg(unix)]
+        if let Some(path) = self.own_unix() {
+            return self.connect_unix(path).await;
+        }
         match &self.tls {
             Tls::Off => {
                 let (client, conn) = self
@@ -173,12 +178,12 @@ impl Connector {
                     .connect(tokio_postgres::NoTls)
                     .await
                     .map_err(connect_err)?;
-                Ok::<_, Error>(self.start(client, conn, None))
+                Ok::<_, Error>(self.start(client, conn, None, None))
             }
             #[cfg(feature = "tls")]
             Tls::Rustls(t) => {
                 let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
-                Ok::<_, Error>(self.start(client, conn, None))
+                Ok::<_, Error>(self.start(client, conn, None, None))
             }
         }
     }
@@ -196,6 +201,59 @@ impl Connector {
             return None;
         }
         Some((name.as_str(), Dialed::of(&self.config)?))
+    }
+
+    /// The socket to dial ourselves when the configuration names one Unix
+    /// socket directory and one port (or none: 5432) and asks nothing of
+    /// the session at connect: the path tokio-postgres would dial. We then
+    /// learn who listens on it (see [`connect_unix`](Self::connect_unix)).
+    fn own_unix(&self) -> Option<std::path::PathBuf> {
+        if !cfg!(unix) || self.config.get_target_session_attrs() != TargetSessionAttrs::Any {
+            return None;
+        }
+        let [Host::Unix(dir)] = self.config.get_hosts() else {
+            return None;
+        };
+        let port = match self.config.get_ports() {
+            [] => 5432,
+            [p] => *p,
+            _ => return None,
+        };
+        Some(dir.join(format!(".s.PGSQL.{port}")))
+    }
+
+    /// Dials the Unix socket at `path` ourselves, within the connect
+    /// timeout, and starts the session over it, with what the kernel tells
+    /// of the process listening there (`SO_PEERCRED`): the claim then knows
+    /// whether that is the postmaster itself (`direct.rs`,
+    /// [`is_postmasters_own`](super::direct::is_postmasters_own)). No TLS
+    /// with `sslmode=prefer`: PostgreSQL refuses it on a Unix socket (as
+    /// libpq, which does not ask there, we save the round trip of asking);
+    /// `require` asks, as tokio-postgres does, and fails.
+    #[cfg(unix)]
+    async fn connect_unix(&self, path: std::path::PathBuf) -> Result<Arc<PgConn>> {
+        let connect = tokio::net::UnixStream::connect(&path);
+        let stream = super::direct::within(self.config.get_connect_timeout(), connect)
+            .await
+            .map_err(|e| Error::Connect(Box::new(e)))?;
+        let listener = stream.peer_cred().ok().and_then(|c| c.pid());
+        let unix = super::direct::UnixEnds { path, listener };
+        #[cfg(feature = "tls")]
+        if let Tls::Rustls(t) = &self.tls {
+            if self.config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer {
+                use tokio_postgres::tls::MakeTlsConnect;
+                let tls = <_ as MakeTlsConnect<tokio::net::UnixStream>>::make_tls_connect(&mut t.clone(), "")
+                    .map_err(|e| Error::Connect(Box::new(e)))?;
+                let (client, conn) = self.config.connect_raw(stream, tls).await.map_err(connect_err)?;
+                return Ok(self.start(client, conn, None, Some(unix)));
+            }
+        }
+        let (client, conn) = self
+            .config
+            .connect_raw(stream, tokio_postgres::NoTls)
+            .await
+            .map_err(connect_err)?;
+        Ok(self.start(client, conn, None, Some(unix)))
     }
 
     /// Dials `dialed` ourselves, as tokio-postgres would (each address the
@@ -240,7 +298,7 @@ impl Connector {
                     .connect_raw(stream, tokio_postgres::NoTls)
                     .await
                     .map_err(connect_err)?;
-                Ok(self.start(client, conn, Some(ends)))
+                Ok(self.start(client, conn, Some(ends), None))
             }
             #[cfg(feature = "tls")]
             Tls::Rustls(t) => {
@@ -249,18 +307,19 @@ impl Connector {
                     <_ as MakeTlsConnect<tokio::net::TcpStream>>::make_tls_connect(&mut t.clone(), name)
                         .map_err(|e| Error::Connect(Box::new(e)))?;
                 let (client, conn) = self.config.connect_raw(stream, tls).await.map_err(connect_err)?;
-                Ok(self.start(client, conn, Some(ends)))
+                Ok(self.start(client, conn, Some(ends), None))
             }
         }
     }
 
-    /// Wraps a connected client in a [`PgConn`] of this connector (`ends`:
-    /// of the socket, when we dialed it).
+    /// Wraps a connected client in a [`PgConn`] of this connector (`ends`,
+    /// `unix`: of the TCP or Unix socket, when we dialed it).
     fn start<S, T>(
         &self,
         client: Client,
         conn: tokio_postgres::Connection<S, T>,
         ends: Option<Ends>,
+        unix: Option<super::direct::UnixEnds>,
     ) -> Arc<PgConn>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -275,6 +334,7 @@ impl Connector {
                 cleared: self.cleared.clone(),
                 dialed: Dialed::of(&self.config),
                 ends,
+                unix,
                 dead_peer: self.dead_peer,
             },
         )

@@ -17,10 +17,14 @@
 //! proxy listens on an address or port of its own, and the server then
 //! reports the one the proxy dialed; a proxy put in front of the server by
 //! a port redirect dials the very address and port the client did, but
-//! from an end of its own. Anything less certain (several hosts, a Unix
-//! socket, a name that does not resolve to the server's address, a NAT'd
-//! port or address on either side) keeps the `EXECUTE` form, which is safe
-//! behind any pooler ([`Text::Executed`](super::Text::Executed)).
+//! from an end of its own. On one Unix socket, dialed ourselves too, the
+//! kernel names the process listening on it (`SO_PEERCRED`): when that is
+//! the postmaster, parent of the backend that serves the session
+//! ([`is_postmasters_own`]), nothing is in between. Anything less certain
+//! (several hosts, a pooler's socket, a name that does not resolve to the
+//! server's address, a NAT'd port or address on either side) keeps the
+//! `EXECUTE` form, which is safe behind any pooler
+//! ([`Text::Executed`](super::Text::Executed)).
 //!
 //! A session at the other end of our own socket cannot be moved to another
 //! at all: its prepared statements also go without the claim check
@@ -86,6 +90,53 @@ pub(crate) struct Ends {
     pub(super) name: String,
 }
 
+/// A Unix socket we dialed ourselves: its path (a cancel request dials it
+/// again) and the process that listens on it, as the kernel told at
+/// connect (`SO_PEERCRED`; `None` where it cannot tell, as for a listener
+/// in a process namespace we do not see).
+pub(crate) struct UnixEnds {
+    pub(super) path: std::path::PathBuf,
+    pub(super) listener: Option<i32>,
+}
+
+/// True when the server process of the session (`backend_pid`, as
+/// `pg_backend_pid()` tells) is a `postgres` process forked by the process
+/// that listens on our Unix socket (`listener`), itself a `postgres`: the
+/// socket leads to the postmaster, which hands each connection to a
+/// backend of its own, so nothing is in between and the session is at the
+/// other end of our very socket. A pooler listening there (PgBouncer,
+/// pgpool-II) is not the parent of the server's backends. Read from
+/// `/proc` (Linux); where it is unreadable (another process namespace,
+/// `hidepid`), or anywhere else, false: the pooler check runs.
+pub(crate) fn is_postmasters_own(listener: Option<i32>, backend_pid: Option<i32>) -> bool {
+    let (Some(listener), Some(backend)) = (listener, backend_pid) else {
+        return false;
+    };
+    if !cfg!(target_os = "linux") || listener <= 0 || backend <= 0 {
+        return false;
+    }
+    let stat = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let (Some(b), Some(l)) = (stat(backend), stat(listener)) else {
+        return false;
+    };
+    matches!(
+        (comm_and_parent(&b), comm_and_parent(&l)),
+        (Some(("postgres", parent)), Some(("postgres", _))) if parent == listener
+    )
+}
+
+/// A process's name and its parent's pid, from its `/proc/PID/stat` line
+/// (`PID (COMM) STATE PPID ...`; the name may hold spaces and parentheses,
+/// so it ends at the last `)`).
+fn comm_and_parent(stat: &str) -> Option<(&str, i32)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    let mut rest = stat.get(close + 1..)?.split_ascii_whitespace();
+    let _state = rest.next()?;
+    Some((comm, rest.next()?.parse().ok()?))
+}
+
 /// One TCP connection to `addr` with tokio-postgres's socket options:
 /// no delay, keepalive probes after `keepalive` idle and every `keepalive`
 /// (one unanswered is enough), unacknowledged sends given up after twice it.
@@ -94,13 +145,7 @@ pub(crate) async fn dial_one(
     timeout: Option<&Duration>,
     keepalive: Duration,
 ) -> std::io::Result<tokio::net::TcpStream> {
-    let connect = tokio::net::TcpStream::connect(addr);
-    let stream = match timeout {
-        Some(t) => tokio::time::timeout(*t, connect)
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connection timed out"))??,
-        None => connect.await?,
-    };
+    let stream = within(timeout, tokio::net::TcpStream::connect(addr)).await?;
     stream.set_nodelay(true)?;
     let sock = socket2::SockRef::from(&stream);
     #[cfg(target_os = "linux")]
@@ -112,6 +157,19 @@ pub(crate) async fn dial_one(
     let probes = probes.with_retries(1);
     sock.set_tcp_keepalive(&probes)?;
     Ok(stream)
+}
+
+/// A socket's connect, within the connect timeout if there is one.
+pub(crate) async fn within<S>(
+    timeout: Option<&Duration>,
+    connect: impl std::future::Future<Output = std::io::Result<S>>,
+) -> std::io::Result<S> {
+    match timeout {
+        Some(t) => tokio::time::timeout(*t, connect)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connection timed out"))?,
+        None => connect.await,
+    }
 }
 
 /// True when the server's own end of the session (`server_addr` as
@@ -241,6 +299,30 @@ mod tests {
         assert!(!is_own_socket(ours, ip("127.0.0.2"), Some(40001)));
         // A Unix socket on the server side.
         assert!(!is_own_socket(ours, None, None));
+    }
+
+    #[test]
+    fn a_stat_line_gives_the_name_and_the_parent() {
+        assert_eq!(
+            comm_and_parent("4242 (postgres) S 901 4242 4242 0 -1 4194560 ..."),
+            Some(("postgres", 901))
+        );
+        // A name with spaces and a parenthesis of its own.
+        assert_eq!(comm_and_parent("77 (a (b) c) R 1 77 77 0"), Some(("a (b) c", 1)));
+        assert_eq!(comm_and_parent("77 (postgres"), None);
+        assert_eq!(comm_and_parent("77 (postgres) S x"), None);
+        assert_eq!(comm_and_parent(""), None);
+    }
+
+    #[test]
+    fn not_the_postmasters_own_without_both_pids_or_their_processes() {
+        let me = std::process::id() as i32;
+        assert!(!is_postmasters_own(None, Some(me)));
+        assert!(!is_postmasters_own(Some(1), None));
+        assert!(!is_postmasters_own(Some(0), Some(me)));
+        // This test process is no `postgres`, whatever its parent.
+        let parent = std::os::unix::process::parent_id() as i32;
+        assert!(!is_postmasters_own(Some(parent), Some(me)));
     }
 
     #[tokio::test]

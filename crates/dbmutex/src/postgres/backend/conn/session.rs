@@ -128,6 +128,9 @@ pub(crate) struct PgConn {
     /// Both ends of our socket, when we dialed it ourselves (see
     /// `connector.rs`).
     pub(super) ends: Option<super::direct::Ends>,
+    /// The Unix socket we dialed ourselves, and who listens on it (see
+    /// `connector.rs`).
+    pub(super) unix: Option<super::direct::UnixEnds>,
     /// Found direct on a socket we dialed ourselves: the claimed session is
     /// at the other end of that very socket (see `direct.rs`). Nothing can
     /// move this connection: its prepared lock statements carry no claim
@@ -161,6 +164,7 @@ pub(super) struct Origin {
     pub(super) cleared: Arc<std::sync::atomic::AtomicBool>,
     pub(super) dialed: Option<super::direct::Dialed>,
     pub(super) ends: Option<super::direct::Ends>,
+    pub(super) unix: Option<super::direct::UnixEnds>,
     pub(super) dead_peer: Duration,
 }
 
@@ -180,6 +184,7 @@ impl PgConn {
             cleared,
             dialed,
             ends,
+            unix,
             dead_peer,
         } = origin;
         let server_major = major_version(conn.parameter("server_version"));
@@ -226,6 +231,7 @@ impl PgConn {
             answers: Default::default(),
             cleared,
             ends,
+            unix,
             own_socket: Default::default(),
             dead_peer,
             watched: Default::default(),
