@@ -1788,6 +1788,7 @@ async fn a_unix_socket_connection_claims_its_session_and_excludes() {
 /// Through a pooler's socket
 /// the check still runs (`pgbouncer.rs`,
 /// `the_connect_check_holds_over_a_unix_socket`).
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unix_socket_to_the_postmaster_is_direct() {
     let pg = common::PrivatePg::start(&[("log_connections", "on")]);
@@ -1819,6 +1820,7 @@ async fn a_unix_socket_to_the_postmaster_is_direct() {
 /// (tokio-postgres, which did not dial it, cannot send one). Without the
 /// cancel the server would notice only at its next connection check
 /// (`client_connection_check_interval`, 1 s by default).
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_wait_over_a_unix_socket_leaves_the_queue() {
     let pg = common::PrivatePg::start(&[]);

@@ -86,11 +86,11 @@ impl PgBackend {
             }),
         };
         // Connect now, so a bad URL, server or password fails here. Where
-        // no connection can be found direct (a Unix socket, several hosts),
-        // the pooler check below always needs a second one: both are made
-        // at once, which takes a whole connect off a start on the
-        // server's own host (BENCHMARKS.md, "`dbmutex run` through a Unix
-        // socket or NAT").
+        // no connection can be found direct (several hosts, a Unix socket
+        // without PostgreSQL's lock file beside it), the pooler check below
+        // always needs a second one: both are made at once, which takes a
+        // whole connect off such a start (BENCHMARKS.md, "`dbmutex run`
+        // through a Unix socket or NAT").
         let (session, later, early) = if !settings.skip_pooler_check && backend.connector.never_direct() {
             // If either fails, the other is dropped where it stands, and a
             // connection it made is closed with it.

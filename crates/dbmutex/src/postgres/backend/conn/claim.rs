@@ -86,11 +86,13 @@ impl PgConn {
     /// then needs (the connection is not claimed until it has run).
     async fn claim_now(self: &Arc<Self>) -> Result<Option<StartLater>> {
         let token = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        // Without a socket we dialed ourselves, the session is never found
-        // at its other end (`direct.rs`'s `is_own_socket`): the session's
-        // start comes with the claim, no extra round trip. Else it is asked
-        // only if the session is not at the other end (below).
-        let with_start = self.ends.is_none() && self.unix.is_none();
+        // Without a socket we dialed ourselves (or with a Unix one whose
+        // listener is no `postgres`), the session is never found at its
+        // other end (`direct.rs`'s `is_own_socket`, `is_postmasters_own`):
+        // the session's start comes with the claim, no extra round trip.
+        // Else it is asked only if the session is not at the other end
+        // (below).
+        let with_start = self.ends.is_none() && self.unix.as_ref().is_none_or(|u| u.listener.is_none());
         let rows = self
             .client
             .query_typed(

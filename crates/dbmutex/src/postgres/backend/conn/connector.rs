@@ -126,11 +126,15 @@ impl Connector {
     }
 
     /// Whether no connection made here can be found direct (several hosts,
-    /// a Unix socket we do not dial ourselves: `direct.rs`'s [`Dialed::of`]
-    /// names no one TCP host, and [`own_unix`](Self::own_unix) no socket):
+    /// a Unix socket we do not dial ourselves or that is not PostgreSQL's:
+    /// `direct.rs`'s [`Dialed::of`] names no one TCP host, and
+    /// [`own_unix`](Self::own_unix) no socket with PostgreSQL's lock file):
     /// the locker's pooler check then always runs, on a second connection.
     pub(crate) fn never_direct(&self) -> bool {
-        Dialed::of(&self.config).is_none() && self.own_unix().is_none()
+        Dialed::of(&self.config).is_none()
+            && !self
+                .own_unix()
+                .is_some_and(|p| super::direct::looks_like_postmasters(&p))
     }
 
     /// Opens a connection. With `claim`, it claims its server session (see
@@ -203,23 +207,11 @@ impl Connector {
         Some((name.as_str(), Dialed::of(&self.config)?))
     }
 
-    /// The socket to dial ourselves when the configuration names one Unix
-    /// socket directory and one port (or none: 5432) and asks nothing of
-    /// the session at connect: the path tokio-postgres would dial. We then
-    /// learn who listens on it (see [`connect_unix`](Self::connect_unix)).
+    /// The Unix socket we dial ourselves, if any (`direct.rs`,
+    /// [`unix_socket_of`](super::direct::unix_socket_of)); we then learn who
+    /// listens on it (see [`connect_unix`](Self::connect_unix)).
     fn own_unix(&self) -> Option<std::path::PathBuf> {
-        if !cfg!(unix) || self.config.get_target_session_attrs() != TargetSessionAttrs::Any {
-            return None;
-        }
-        let [Host::Unix(dir)] = self.config.get_hosts() else {
-            return None;
-        };
-        let port = match self.config.get_ports() {
-            [] => 5432,
-            [p] => *p,
-            _ => return None,
-        };
-        Some(dir.join(format!(".s.PGSQL.{port}")))
+        super::direct::unix_socket_of(&self.config)
     }
 
     /// Dials the Unix socket at `path` ourselves, within the connect
@@ -236,7 +228,7 @@ impl Connector {
         let stream = super::direct::within(self.config.get_connect_timeout(), connect)
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        let listener = stream.peer_cred().ok().and_then(|c| c.pid());
+        let listener = super::direct::postgres_listener(stream.peer_cred().ok().and_then(|c| c.pid()));
         let unix = super::direct::UnixEnds { path, listener };
         #[cfg(feature = "tls")]
         if let Tls::Rustls(t) = &self.tls {

@@ -80,6 +80,37 @@ impl Dialed {
     }
 }
 
+/// The Unix socket a configuration dials, when we dial it ourselves: one
+/// socket directory and one port (or none: 5432), no `hostaddr` (which
+/// libpq and tokio-postgres dial instead of the host), nothing asked of
+/// the session at connect (`target_session_attrs`), and Linux, whose
+/// `/proc` can prove the listener the postmaster ([`is_postmasters_own`]).
+/// The path is the one tokio-postgres would dial.
+#[cfg(unix)]
+pub(crate) fn unix_socket_of(config: &Config) -> Option<std::path::PathBuf> {
+    if !cfg!(target_os = "linux")
+        || config.get_target_session_attrs() != tokio_postgres::config::TargetSessionAttrs::Any
+        || !config.get_hostaddrs().is_empty()
+    {
+        return None;
+    }
+    let [Host::Unix(dir)] = config.get_hosts() else {
+        return None;
+    };
+    let port = match config.get_ports() {
+        [] => 5432,
+        [p] => *p,
+        _ => return None,
+    };
+    Some(dir.join(format!(".s.PGSQL.{port}")))
+}
+
+/// No Unix sockets here.
+#[cfg(not(unix))]
+pub(crate) fn unix_socket_of(_: &Config) -> Option<std::path::PathBuf> {
+    None
+}
+
 /// Both ends of a socket we dialed ourselves, and the host name dialed (for
 /// TLS, also on a cancel request's socket).
 pub(crate) struct Ends {
@@ -91,38 +122,57 @@ pub(crate) struct Ends {
 }
 
 /// A Unix socket we dialed ourselves: its path (a cancel request dials it
-/// again) and the process that listens on it, as the kernel told at
-/// connect (`SO_PEERCRED`; `None` where it cannot tell, as for a listener
-/// in a process namespace we do not see).
+/// again) and, if it is a `postgres` process, the one that listens on it,
+/// as the kernel told at connect (`SO_PEERCRED`; see [`postgres_listener`]):
+/// `None` for a pooler's socket, or a listener in a pid namespace we do
+/// not see (the kernel gives pid 0 then).
 pub(crate) struct UnixEnds {
     pub(super) path: std::path::PathBuf,
     pub(super) listener: Option<i32>,
 }
 
+/// `listener` (the pid `SO_PEERCRED` gives for our Unix socket) if it is a
+/// `postgres` process, as `/proc` says (Linux; `None` anywhere else, or
+/// where `/proc` cannot be read, as with `hidepid`).
+pub(crate) fn postgres_listener(listener: Option<i32>) -> Option<i32> {
+    let pid = listener.filter(|p| *p > 0)?;
+    process(pid).filter(|(comm, _)| comm == "postgres").map(|_| pid)
+}
+
 /// True when the server process of the session (`backend_pid`, as
 /// `pg_backend_pid()` tells) is a `postgres` process forked by the process
-/// that listens on our Unix socket (`listener`), itself a `postgres`: the
-/// socket leads to the postmaster, which hands each connection to a
-/// backend of its own, so nothing is in between and the session is at the
-/// other end of our very socket. A pooler listening there (PgBouncer,
-/// pgpool-II) is not the parent of the server's backends. Read from
-/// `/proc` (Linux); where it is unreadable (another process namespace,
-/// `hidepid`), or anywhere else, false: the pooler check runs.
+/// that listens on our Unix socket (`listener`), itself a `postgres`
+/// ([`postgres_listener`]): the socket leads to the postmaster, which
+/// hands each connection to a backend of its own, so nothing is in between
+/// and the session is at the other end of our very socket. A pooler
+/// listening there (PgBouncer, pgpool-II) is not the parent of the
+/// server's backends. False wherever `/proc` does not tell: the pooler
+/// check runs.
 pub(crate) fn is_postmasters_own(listener: Option<i32>, backend_pid: Option<i32>) -> bool {
-    let (Some(listener), Some(backend)) = (listener, backend_pid) else {
+    let (Some(listener), Some(backend)) = (postgres_listener(listener), backend_pid) else {
         return false;
     };
-    if !cfg!(target_os = "linux") || listener <= 0 || backend <= 0 {
-        return false;
+    backend > 0 && process(backend).is_some_and(|(comm, parent)| comm == "postgres" && parent == listener)
+}
+
+/// Whether the Unix socket at `path` has the lock file PostgreSQL keeps
+/// beside its own (`.s.PGSQL.PORT.lock`, which a pooler's socket lacks):
+/// only a hint, for the shape of a start (`PgBackend::with_connector`
+/// makes the pooler check's connection at once where the socket is not
+/// PostgreSQL's); the claim proves it.
+pub(crate) fn looks_like_postmasters(path: &std::path::Path) -> bool {
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    std::path::Path::new(&lock).exists()
+}
+
+/// Process `pid`'s name and parent pid, from `/proc/PID/stat` (Linux).
+fn process(pid: i32) -> Option<(String, i32)> {
+    if !cfg!(target_os = "linux") {
+        return None;
     }
-    let stat = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
-    let (Some(b), Some(l)) = (stat(backend), stat(listener)) else {
-        return false;
-    };
-    matches!(
-        (comm_and_parent(&b), comm_and_parent(&l)),
-        (Some(("postgres", parent)), Some(("postgres", _))) if parent == listener
-    )
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    comm_and_parent(&stat).map(|(comm, parent)| (comm.to_owned(), parent))
 }
 
 /// A process's name and its parent's pid, from its `/proc/PID/stat` line
@@ -301,6 +351,28 @@ mod tests {
         assert!(!is_own_socket(ours, None, None));
     }
 
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn one_unix_socket_is_dialed_ourselves() {
+        let socket = |url: &str| unix_socket_of(&url.parse::<Config>().unwrap());
+        assert_eq!(
+            socket("host=/var/run/postgresql user=u"),
+            Some("/var/run/postgresql/.s.PGSQL.5432".into())
+        );
+        assert_eq!(
+            socket("host=/tmp port=6432 user=u"),
+            Some("/tmp/.s.PGSQL.6432".into())
+        );
+        // A hostaddr is dialed instead of the socket; several hosts or
+        // ports, a session asked for, or TCP are tokio-postgres's (or ours
+        // over TCP).
+        assert_eq!(socket("host=/tmp hostaddr=127.0.0.1 user=u"), None);
+        assert_eq!(socket("host=/tmp,/var/run/postgresql user=u"), None);
+        assert_eq!(socket("host=/tmp port=5432,5433 user=u"), None);
+        assert_eq!(socket("host=/tmp target_session_attrs=read-write user=u"), None);
+        assert_eq!(socket("postgres://u@127.0.0.1/db"), None);
+    }
+
     #[test]
     fn a_stat_line_gives_the_name_and_the_parent() {
         assert_eq!(
@@ -314,15 +386,30 @@ mod tests {
         assert_eq!(comm_and_parent(""), None);
     }
 
+    #[cfg(unix)]
     #[test]
     fn not_the_postmasters_own_without_both_pids_or_their_processes() {
         let me = std::process::id() as i32;
         assert!(!is_postmasters_own(None, Some(me)));
         assert!(!is_postmasters_own(Some(1), None));
         assert!(!is_postmasters_own(Some(0), Some(me)));
-        // This test process is no `postgres`, whatever its parent.
+        // Neither this test process nor its parent is a `postgres`.
         let parent = std::os::unix::process::parent_id() as i32;
         assert!(!is_postmasters_own(Some(parent), Some(me)));
+        assert_eq!(postgres_listener(Some(me)), None);
+        assert_eq!(postgres_listener(Some(0)), None);
+        assert_eq!(postgres_listener(None), None);
+    }
+
+    #[test]
+    fn a_socket_with_a_lock_file_looks_like_a_postmasters() {
+        let dir = std::env::temp_dir().join(format!("dbmutex-lockfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join(".s.PGSQL.5432");
+        assert!(!looks_like_postmasters(&socket));
+        std::fs::write(dir.join(".s.PGSQL.5432.lock"), "1\n").unwrap();
+        assert!(looks_like_postmasters(&socket));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
