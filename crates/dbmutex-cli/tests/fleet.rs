@@ -235,35 +235,67 @@ fn fifty_waiting_processes_on_mariadb_keep_one_connection_each() {
     fleet.finish();
 }
 
+/// A `dbmutex run -w WAIT NAME -- true` on a private PostgreSQL, started
+/// while a raw client holds NAME: [`PgWaiter::start`] returns once it
+/// waits in the server.
+struct PgWaiter {
+    rt: tokio::runtime::Runtime,
+    raw: tokio_postgres::Client,
+    keys: (i32, i32),
+    child: Child,
+}
+
+impl PgWaiter {
+    fn start(pg: &PrivatePg, name: &str, wait: &str) -> PgWaiter {
+        let keys = pg_keys(name);
+        let rt = rt();
+        let raw = rt.block_on(pg.raw());
+        rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&keys.0, &keys.1]))
+            .unwrap();
+        let child = dbmutex(&pg.url())
+            .args(["run", "-w", wait, name, "--", "true"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
+        let until = Instant::now() + Duration::from_secs(20);
+        while rt.block_on(count(&raw, waiting_sql)) < 1 {
+            assert!(Instant::now() < until, "the waiter never queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PgWaiter { rt, raw, keys, child }
+    }
+
+    /// The raw client lets the lock go.
+    fn unlock(&self) {
+        self.rt
+            .block_on(
+                self.raw
+                    .execute("SELECT pg_advisory_unlock($1, $2)", &[&self.keys.0, &self.keys.1]),
+            )
+            .unwrap();
+    }
+
+    /// The waiter's exit, which must be a success within `within`, and its
+    /// stderr.
+    fn succeeds(mut self, within: Duration) -> String {
+        let status = wait_exit(&mut self.child, within).expect("the waiter finishes");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut self.child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(status.success(), "{status}: {err}");
+        err
+    }
+}
+
 /// A waiter whose server restarts keeps waiting (reconnecting) until its
 /// own bound, and gets the lock once the server is back and the lock free.
 #[test]
 fn a_waiter_rides_out_a_server_restart() {
     let pg = PrivatePg::start(&[]);
-    let name = "fleet-restart";
-    let (k1, k2) = pg_keys(name);
-    let rt = rt();
-    let raw = rt.block_on(pg.raw());
-    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
-        .unwrap();
-    let mut waiter = dbmutex(&pg.url())
-        .args(["run", "-w", "60", name, "--", "true"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
-    let until = Instant::now() + Duration::from_secs(20);
-    while rt.block_on(count(&raw, waiting_sql)) < 1 {
-        assert!(Instant::now() < until, "the waiter never queued");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let waiter = PgWaiter::start(&pg, "fleet-restart", "60");
     // The restart ends every session: the raw holder's lock goes with it.
     pg.restart();
-    let status =
-        wait_exit(&mut waiter, Duration::from_secs(30)).expect("the waiter finishes after the restart");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    waiter.succeeds(Duration::from_secs(30));
 }
 
 /// A contended `dbmutex run` with a notice to give reads who holds the
@@ -274,30 +306,11 @@ fn a_waiter_rides_out_a_server_restart() {
 fn a_contended_run_tries_once_then_waits() {
     let pg = PrivatePg::start(&[("log_statement", "'all'"), ("log_line_prefix", "'%a|'")]);
     let name = "fleet-one-try";
-    let (k1, k2) = pg_keys(name);
-    let rt = rt();
-    let raw = rt.block_on(pg.raw());
-    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
-        .unwrap();
-    let mut waiter = dbmutex(&pg.url())
-        .args(["run", "-w", "30", name, "--", "true"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let waiting_sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'";
-    let until = Instant::now() + Duration::from_secs(20);
-    while rt.block_on(count(&raw, waiting_sql)) < 1 {
-        assert!(Instant::now() < until, "the waiter never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let waiter = PgWaiter::start(&pg, name, "30");
     // Past the first notice, which names the holder read before the wait.
     std::thread::sleep(Duration::from_millis(1300));
-    rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
-        .unwrap();
-    let status = wait_exit(&mut waiter, Duration::from_secs(20)).expect("the waiter gets the lock");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "{status}: {err}");
+    waiter.unlock();
+    let err = waiter.succeeds(Duration::from_secs(20));
     assert!(
         err.contains(&format!("waiting for lock {name} (held by ")),
         "{err}"

@@ -357,6 +357,16 @@ impl PrivatePg {
     /// `postgres://postgres@127.0.0.1:<port>/test?sslmode=disable`
     /// (`sslmode=prefer` for a TLS instance; set another `sslmode` by
     /// replacing it).
+    /// The URL of database `test` through the server's Unix socket (in
+    /// its own directory), with `application_name` = `app`.
+    pub fn socket_url(&self, app: &str) -> String {
+        let dir = self.dir().display().to_string().replace('/', "%2F");
+        format!(
+            "postgres://postgres@{dir}:{}/test?application_name={app}",
+            self.port
+        )
+    }
+
     pub fn url(&self) -> String {
         let mode = if self.tls { "prefer" } else { "disable" };
         format!("postgres://postgres@127.0.0.1:{}/test?sslmode={mode}", self.port)
