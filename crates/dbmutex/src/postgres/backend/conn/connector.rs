@@ -228,7 +228,8 @@ impl Connector {
         let stream = super::direct::within(self.config.get_connect_timeout(), connect)
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
-        let listener = super::direct::postgres_listener(stream.peer_cred().ok().and_then(|c| c.pid()));
+        let listener =
+            super::direct::postmaster_listener(stream.peer_cred().ok().and_then(|c| c.pid()), &path);
         let unix = super::direct::UnixEnds { path, listener };
         #[cfg(feature = "tls")]
         if let Tls::Rustls(t) = &self.tls {

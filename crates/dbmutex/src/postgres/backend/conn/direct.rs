@@ -122,48 +122,77 @@ pub(crate) struct Ends {
 }
 
 /// A Unix socket we dialed ourselves: its path (a cancel request dials it
-/// again) and, if it is a `postgres` process, the one that listens on it,
-/// as the kernel told at connect (`SO_PEERCRED`; see [`postgres_listener`]):
-/// `None` for a pooler's socket, or a listener in a pid namespace we do
-/// not see (the kernel gives pid 0 then).
+/// again) and, if it may be the postmaster, the process that listens on
+/// it, as the kernel told at connect (`SO_PEERCRED`; see
+/// [`postmaster_listener`]): `None` for a pooler's socket, or a listener
+/// in a pid namespace we do not see (the kernel gives pid 0 then).
 pub(crate) struct UnixEnds {
     pub(super) path: std::path::PathBuf,
     pub(super) listener: Option<i32>,
 }
 
-/// `listener` (the pid `SO_PEERCRED` gives for our Unix socket) if it is a
-/// `postgres` process, as `/proc` says (Linux; `None` anywhere else, or
-/// where `/proc` cannot be read, as with `hidepid`).
-pub(crate) fn postgres_listener(listener: Option<i32>) -> Option<i32> {
+/// `listener` (the pid `SO_PEERCRED` gives for our Unix socket at
+/// `socket`) if it may be the postmaster: a `postgres` process (`/proc`,
+/// Linux), with PostgreSQL's lock file beside the socket
+/// (`.s.PGSQL.PORT.lock`), which names it where we may read it (the
+/// server's user and root may). The kernel's pid is the one of the process
+/// that called `listen`: a pooler restarted online (`pgbouncer -R`) hands
+/// its listening socket to a new process, and a postmaster started since
+/// may have been given the old pid; a pooler's socket has no lock file, so
+/// that pid is not taken for the postmaster. `None` anywhere else.
+pub(crate) fn postmaster_listener(listener: Option<i32>, socket: &std::path::Path) -> Option<i32> {
     let pid = listener.filter(|p| *p > 0)?;
-    process(pid).filter(|(comm, _)| comm == "postgres").map(|_| pid)
+    if socket_lock(socket)?.is_some_and(|owner| owner != pid) {
+        return None;
+    }
+    is_postgres(pid).then_some(pid)
 }
 
 /// True when the server process of the session (`backend_pid`, as
 /// `pg_backend_pid()` tells) is a `postgres` process forked by the process
-/// that listens on our Unix socket (`listener`), itself a `postgres`
-/// ([`postgres_listener`]): the socket leads to the postmaster, which
-/// hands each connection to a backend of its own, so nothing is in between
-/// and the session is at the other end of our very socket. A pooler
-/// listening there (PgBouncer, pgpool-II) is not the parent of the
-/// server's backends. False wherever `/proc` does not tell: the pooler
-/// check runs.
+/// that listens on our Unix socket (`listener`, as
+/// [`postmaster_listener`] vetted it), itself a `postgres`: the socket
+/// leads to the postmaster, which hands each connection to a backend of
+/// its own, so nothing is in between and the session is at the other end
+/// of our very socket. A pooler listening there (PgBouncer, pgpool-II) is
+/// not the parent of the server's backends. False wherever `/proc` does
+/// not tell: the pooler check runs.
 pub(crate) fn is_postmasters_own(listener: Option<i32>, backend_pid: Option<i32>) -> bool {
-    let (Some(listener), Some(backend)) = (postgres_listener(listener), backend_pid) else {
+    let (Some(listener), Some(backend)) = (listener, backend_pid) else {
         return false;
     };
-    backend > 0 && process(backend).is_some_and(|(comm, parent)| comm == "postgres" && parent == listener)
+    listener > 0
+        && backend > 0
+        && is_postgres(listener)
+        && process(backend).is_some_and(|(comm, parent)| comm == "postgres" && parent == listener)
 }
 
 /// Whether the Unix socket at `path` has the lock file PostgreSQL keeps
-/// beside its own (`.s.PGSQL.PORT.lock`, which a pooler's socket lacks):
-/// only a hint, for the shape of a start (`PgBackend::with_connector`
-/// makes the pooler check's connection at once where the socket is not
-/// PostgreSQL's); the claim proves it.
+/// beside its own (`.s.PGSQL.PORT.lock`, which a pooler's socket lacks).
+/// For the shape of a start (`PgBackend::with_connector` makes the pooler
+/// check's connection at once where the socket is not PostgreSQL's); the
+/// claim proves the rest.
 pub(crate) fn looks_like_postmasters(path: &std::path::Path) -> bool {
-    let mut lock = path.as_os_str().to_owned();
+    socket_lock(path).is_some()
+}
+
+/// PostgreSQL's lock file beside the socket at `socket`: `None` if there
+/// is none; else the postmaster's pid on its first line, `None` inside
+/// where it cannot be read (it is the server's user's alone) or parsed.
+fn socket_lock(socket: &std::path::Path) -> Option<Option<i32>> {
+    let mut lock = socket.as_os_str().to_owned();
     lock.push(".lock");
-    std::path::Path::new(&lock).exists()
+    let lock = std::path::PathBuf::from(lock);
+    match std::fs::read_to_string(&lock) {
+        Ok(text) => Some(text.lines().next().and_then(|l| l.trim().parse().ok())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => lock.exists().then_some(None),
+    }
+}
+
+/// Whether process `pid` is a `postgres` (`/proc`, Linux).
+fn is_postgres(pid: i32) -> bool {
+    process(pid).is_some_and(|(comm, _)| comm == "postgres")
 }
 
 /// Process `pid`'s name and parent pid, from `/proc/PID/stat` (Linux).
@@ -396,19 +425,35 @@ mod tests {
         // Neither this test process nor its parent is a `postgres`.
         let parent = std::os::unix::process::parent_id() as i32;
         assert!(!is_postmasters_own(Some(parent), Some(me)));
-        assert_eq!(postgres_listener(Some(me)), None);
-        assert_eq!(postgres_listener(Some(0)), None);
-        assert_eq!(postgres_listener(None), None);
     }
 
     #[test]
-    fn a_socket_with_a_lock_file_looks_like_a_postmasters() {
+    fn the_lock_file_beside_a_socket_names_its_postmaster() {
         let dir = std::env::temp_dir().join(format!("dbmutex-lockfile-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join(".s.PGSQL.5432");
+        let me = std::process::id() as i32;
+        // A pooler's socket: no lock file, no postmaster.
         assert!(!looks_like_postmasters(&socket));
-        std::fs::write(dir.join(".s.PGSQL.5432.lock"), "1\n").unwrap();
+        assert_eq!(socket_lock(&socket), None);
+        assert_eq!(postmaster_listener(Some(me), &socket), None);
+        // PostgreSQL's: its pid first, then the data directory and more.
+        std::fs::write(
+            dir.join(".s.PGSQL.5432.lock"),
+            "4242\n/var/lib/postgresql/15/main\n",
+        )
+        .unwrap();
         assert!(looks_like_postmasters(&socket));
+        assert_eq!(socket_lock(&socket), Some(Some(4242)));
+        // A listener the lock file does not name is not its postmaster (nor
+        // is this test process, named or not, a `postgres`).
+        assert_eq!(postmaster_listener(Some(me), &socket), None);
+        std::fs::write(dir.join(".s.PGSQL.5432.lock"), format!("{me}\n")).unwrap();
+        assert_eq!(postmaster_listener(Some(me), &socket), None);
+        assert_eq!(postmaster_listener(Some(0), &socket), None);
+        assert_eq!(postmaster_listener(None, &socket), None);
+        std::fs::write(dir.join(".s.PGSQL.5432.lock"), "not a pid\n").unwrap();
+        assert_eq!(socket_lock(&socket), Some(None));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
