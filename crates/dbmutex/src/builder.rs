@@ -231,8 +231,9 @@ impl LockerBuilder {
     /// it is closed (default [`DEFAULT_IDLE_TIMEOUT`], 60 s). On PostgreSQL
     /// that is the side connection (introspection and lock-table counts
     /// while the lock session is in use, listings, records) and the idle
-    /// connections kept for the next wait in the server, so a locker that has been quiet this long keeps one
-    /// server connection, its lock session, however many locks it holds
+    /// connections kept for the next wait in the server, so a locker that
+    /// has been quiet this long keeps one server connection, its lock
+    /// session, however many locks it holds
     /// there (a lock won by a wait in the server keeps the connection it
     /// waited on until released). On MySQL it is the clean connections kept
     /// for the next lock (each held lock keeps its own). A connection in use
