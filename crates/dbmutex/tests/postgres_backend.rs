@@ -1816,6 +1816,51 @@ async fn a_unix_socket_to_the_postmaster_is_direct() {
     );
 }
 
+/// A URL that names no server (`postgres://user@:port/db`) goes where
+/// libpq goes: the Unix socket in `/var/run/postgresql`, else in `/tmp`
+/// (here: this server's socket is in `/tmp` only), proven direct as any
+/// socket of the postmaster's. Where neither holds the socket, the error
+/// names the path tried.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_a_host_uses_the_default_socket() {
+    let pg = common::PrivatePg::start(&[("log_connections", "on"), ("unix_socket_directories", "'/tmp'")]);
+    let app = unique("no-host");
+    let url = format!("postgres://postgres@:{}/test?application_name={app}", pg.port());
+    let locker = Locker::connect(&url).await.expect("connect with no host named");
+    let name = unique("no-host");
+    let g = locker.lock(name.as_str()).await.unwrap();
+    let (k1, k2) = key_pair(&name);
+    let raw = pg.raw().await;
+    let held: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid \
+             AND objid = $2::int4::oid AND granted",
+            &[&k1, &k2],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "the lock is held on the server behind /tmp's socket");
+    g.release().await.unwrap();
+    let sessions = pg
+        .log()
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains(&app))
+        .count();
+    assert_eq!(
+        sessions, 1,
+        "found direct: no second session for the pooler check"
+    );
+
+    let Err(err) = Locker::connect("postgres://postgres@:1/test").await else {
+        panic!("connected to a server on port 1");
+    };
+    let text = err.to_string();
+    assert!(matches!(err, dbmutex::Error::Connect(_)), "{err:?}");
+    assert!(text.contains("/var/run/postgresql/.s.PGSQL.1"), "{text}");
+}
+
 /// A wait abandoned over a Unix socket we dialed ourselves leaves the
 /// server's queue at once: its cancel request goes to the same socket
 /// (tokio-postgres, which did not dial it, cannot send one). Without the
