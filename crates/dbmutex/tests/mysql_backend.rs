@@ -826,3 +826,41 @@ async fn each_kind_of_lock_outlives_its_keepalive_probes() {
     )
     .await;
 }
+
+/// A URL that names no host (`mysql://root@/test`) goes where the MySQL
+/// clients go: a Unix socket, the local server's by default (which one is
+/// the unit tests' business: `redact::scheme`), here a private server's,
+/// named by `socket=`; the lock is held on that server. A socket that
+/// cannot be reached is named in the error, and a port with no host is
+/// refused (the clients would ignore it).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_a_host_goes_to_a_socket() {
+    let my = PrivateMariaDb::start(&[]);
+    let tcp = Locker::connect(&my.url()).await.unwrap();
+    let url = format!("mysql://root@/test?socket={}", my.socket().display());
+    let via_socket = Locker::connect(&url).await.expect("connect through the socket");
+    let name = unique("no-host");
+    let g = via_socket.lock(name.as_str()).await.unwrap();
+    assert!(
+        tcp.is_locked(name.as_str()).await.unwrap(),
+        "the lock taken through the socket is held on the server behind it"
+    );
+    g.release().await.unwrap();
+    assert!(!tcp.is_locked(name.as_str()).await.unwrap());
+
+    let Err(err) = Locker::connect("mysql://root@/test?socket=/nonexistent/mysqld.sock").await else {
+        panic!("connected through a socket that does not exist");
+    };
+    assert!(matches!(err, Error::Connect(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("socket /nonexistent/mysqld.sock"),
+        "{err}"
+    );
+
+    let Err(err) = Locker::connect(&format!("mysql://root@:{}/test", my.port())).await else {
+        panic!("a port with no host was taken");
+    };
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("a port with no host"), "{err}");
+}

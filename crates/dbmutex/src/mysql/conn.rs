@@ -61,9 +61,16 @@ impl Connector {
     /// parameters, e.g. `?require_ssl=true`).
     pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
         let mysql_url = with_scheme(url, "mysql");
+        let mysql_url = crate::redact::mysql_default_host(&mysql_url).ok_or_else(|| {
+            Error::Config(format!(
+                "bad MySQL URL {}: a port with no host (the MySQL clients would ignore it and use the local \
+                 socket): name the host (mysql://user@127.0.0.1:PORT/db) or the socket (?socket=PATH)",
+                redact_url(url)
+            ))
+        })?;
         let opts = Opts::from_url(&mysql_url)
             .map_err(|e| Error::Config(format!("bad MySQL URL {}: {}", redact_url(url), mysql_reason(&e))))?;
-        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let query = mysql_url.split_once('?').map_or("", |(_, q)| q);
         let has_param = |p: &str| query.split('&').any(|kv| kv.split('=').next() == Some(p));
         let mut builder =
             OptsBuilder::from_opts(opts).connect_attribute("program_name", &settings.application_name);
@@ -100,16 +107,25 @@ impl Connector {
     pub(crate) async fn connect(&self) -> Result<Conn> {
         match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
             Ok(Ok(c)) => Ok(c),
+            // A socket is named: it may be a default the URL did not say
+            // (`mysql_default_host`).
+            Ok(Err(mysql_async::Error::Io(mysql_async::IoError::Io(e)))) if self.opts.socket().is_some() => {
+                let path = self.opts.socket().unwrap_or_default();
+                let named = std::io::Error::new(e.kind(), format!("socket {path}: {e}"));
+                Err(Error::Connect(Box::new(mysql_async::Error::Io(
+                    mysql_async::IoError::Io(named),
+                ))))
+            }
             Ok(Err(e)) => Err(Error::Connect(Box::new(e))),
-            Err(_) => Err(Error::Connect(
-                format!(
-                    "no answer from {}:{} within {:?}",
-                    self.opts.ip_or_hostname(),
-                    self.opts.tcp_port(),
-                    self.connect_timeout
-                )
-                .into(),
-            )),
+            Err(_) => {
+                let from = match self.opts.socket() {
+                    Some(path) => format!("socket {path}"),
+                    None => format!("{}:{}", self.opts.ip_or_hostname(), self.opts.tcp_port()),
+                };
+                Err(Error::Connect(
+                    format!("no answer from {from} within {:?}", self.connect_timeout).into(),
+                ))
+            }
         }
     }
 

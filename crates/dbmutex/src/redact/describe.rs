@@ -13,7 +13,7 @@ use super::check::mysql_ambiguity;
 use super::check::pg_ambiguity;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::scheme::FIELD;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use super::scheme::PATH;
 
 /// As [`FIELD`], but keeping `:` (IPv6 addresses, shown in brackets).
@@ -53,7 +53,13 @@ fn pg_target_only(rest: &str) -> Option<String> {
 
 #[cfg(feature = "postgres")]
 pub(super) fn describe_pg_url(rest: &str) -> Option<String> {
-    let config: tokio_postgres::Config = pg_target_only(rest)?.parse().ok()?;
+    // No host: libpq's default socket directory, as the connection goes.
+    let target = pg_target_only(rest)?;
+    let (base, query) = target.split_once('?').unwrap_or((&target, ""));
+    let kept: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
+    let filled = format!("{}?{query}", super::pg_fill_empty_hosts(base, &kept));
+    let mut config: tokio_postgres::Config = filled.parse().ok()?;
+    super::pg_default_host(&mut config);
     Some(describe_pg_config(&config))
 }
 
@@ -149,7 +155,11 @@ pub(super) fn describe_mysql_url(rest: &str) -> Option<String> {
     if mysql_ambiguity(rest).is_some() {
         return None;
     }
-    // Parameters do not name the target: parse without them.
+    // No host: the local socket, as the connection goes (its path is the
+    // one parameter that names the target; the others are dropped).
+    let url = super::mysql_default_host(&format!("mysql://{rest}"))?.into_owned();
+    let socket = super::mysql_socket_param(&url);
+    let rest = &url["mysql://".len()..];
     let base = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
     let opts = mysql_async::Opts::from_url(&format!("mysql://{base}")).ok()?;
     let mut out = String::new();
@@ -165,6 +175,9 @@ pub(super) fn describe_mysql_url(rest: &str) -> Option<String> {
     let _ = write!(out, ":{}", opts.tcp_port());
     if let Some(db) = opts.db_name() {
         let _ = write!(out, "/{}", enc(db));
+    }
+    if let Some(path) = socket {
+        let _ = write!(out, "?socket={}", utf8_percent_encode(&path, PATH));
     }
     Some(out)
 }
@@ -226,6 +239,14 @@ mod tests {
             ("mysql://u:pa%2Fsecret@h/db", "mysql://u@h:3306/db"),
             ("mysql://u:secret@h/db?pool_min=secret", "mysql://u@h:3306/db"),
             (
+                "mysql://u:secret@h/db?socket=/run/my%20sql.sock&pool_min=secret",
+                "mysql://u@h:3306/db?socket=/run/my%20sql.sock",
+            ),
+            (
+                "mysql://u:secret@/db?socket=%2Fs",
+                "mysql://u@localhost:3306/db?socket=/s",
+            ),
+            (
                 "mysql://u:secret@h:x/db",
                 "mysql://<unparseable connection string>",
             ),
@@ -247,5 +268,28 @@ mod tests {
         for (url, want) in cases {
             assert_eq!(redact_url(url), want, "{url}");
         }
+    }
+
+    /// A PostgreSQL URL with no host is described with the socket
+    /// directory it goes to.
+    #[cfg(unix)]
+    #[test]
+    fn a_url_without_a_host_shows_where_it_goes() {
+        let dir = match std::path::Path::new("/var/run/postgresql").is_dir() {
+            true => "/var/run/postgresql",
+            false => "/tmp",
+        };
+        assert_eq!(
+            redact_url("postgres://u:secret@/db"),
+            format!("postgres://u@{dir}:5432/db")
+        );
+        assert_eq!(
+            redact_url("postgres://u:pa/secret@:6543/db"),
+            format!("postgres://u@{dir}:6543/db")
+        );
+        assert_eq!(
+            redact_url("postgres://u:secret@:5/db?host=h"),
+            "postgres://u@:5,h:5/db"
+        );
     }
 }

@@ -39,6 +39,10 @@ use crate::types::BackendKind;
 pub(crate) use scheme::with_scheme;
 use scheme::PATH;
 pub(crate) use scheme::{file_url_path, UNPARSEABLE};
+#[cfg(feature = "mysql")]
+pub(crate) use scheme::{mysql_default_host, mysql_socket_param};
+#[cfg(feature = "postgres")]
+pub(crate) use scheme::{pg_default_host, pg_fill_empty_hosts};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]

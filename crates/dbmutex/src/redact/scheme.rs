@@ -67,3 +67,265 @@ pub(crate) fn file_url_path(url: &str) -> Result<String> {
         .map(Cow::into_owned)
         .map_err(|_| Error::Config("a file URL's path is not UTF-8 once decoded".into()))
 }
+
+/// Where the MySQL and MariaDB clients go when a URL names no host
+/// (`mysql://root@/db`, which mysql_async refuses: "empty host"): the
+/// local server's Unix socket. Debian's and Ubuntu's
+/// `/var/run/mysqld/mysqld.sock` (`/run/mysqld/mysqld.sock` where
+/// `/var/run` is not there) wherever its directory exists (a socket missing
+/// there, as while the server restarts, is not looked for in `/tmp`, where
+/// any local user could put one), else upstream MySQL's `/tmp/mysql.sock`.
+#[cfg(all(feature = "mysql", unix))]
+const MYSQL_SOCKETS: [&str; 3] = [
+    "/var/run/mysqld/mysqld.sock",
+    "/run/mysqld/mysqld.sock",
+    "/tmp/mysql.sock",
+];
+
+/// The local server's socket, as [`MYSQL_SOCKETS`] says.
+#[cfg(all(feature = "mysql", unix))]
+fn mysql_socket() -> &'static str {
+    MYSQL_SOCKETS
+        .into_iter()
+        .find(|p| {
+            std::path::Path::new(p)
+                .parent()
+                .is_some_and(std::path::Path::is_dir)
+        })
+        .unwrap_or(MYSQL_SOCKETS[0])
+}
+
+/// The `socket` parameter of a `mysql://` URL, as mysql_async reads it
+/// (form-encoded, the last one wins, nothing after a `#`).
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_socket_param(url: &str) -> Option<String> {
+    let url = &url[..url.find('#').unwrap_or(url.len())];
+    let decode = |s: &str| {
+        percent_decode_str(&s.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    url.split_once('?')?
+        .1
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .rfind(|(k, _)| decode(k) == "socket")
+        .map(|(_, v)| decode(v))
+}
+
+/// `url` (`mysql://…`) with an empty host made `localhost` and, unless the
+/// URL names a `socket`, the local server's socket ([`MYSQL_SOCKETS`])
+/// added, as the MySQL clients read a missing host. Unchanged when it
+/// names a host (off Unix: `localhost` only). `None` for a port with no
+/// host (`mysql://root@:3307/db`): the clients would go to the socket and
+/// ignore the port, the server a TCP URL with that port reaches may be
+/// another, and a lock taken on each would exclude nothing.
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_default_host(url: &str) -> Option<Cow<'_, str>> {
+    let Some(at) = url.find("://").map(|i| i + 3) else {
+        return Some(url.into());
+    };
+    let end = url[at..].find(['/', '?', '#']).map_or(url.len(), |i| at + i);
+    let host_at = url[at..end].rfind('@').map_or(at, |i| at + i + 1);
+    if url[host_at..end].starts_with(':') {
+        return None;
+    }
+    if host_at != end {
+        return Some(url.into());
+    }
+    #[cfg_attr(not(unix), allow(unused_mut))]
+    let mut out = format!("{}localhost{}", &url[..host_at], &url[host_at..]);
+    #[cfg(unix)]
+    if mysql_socket_param(&out).is_none() {
+        let fragment = out.find('#').unwrap_or(out.len());
+        let sep = if out[..fragment].contains('?') { "&" } else { "?" };
+        out.insert_str(fragment, &format!("{sep}socket={}", mysql_socket()));
+    }
+    Some(out.into())
+}
+
+#[cfg(feature = "postgres")]
+/// libpq's default server, where a URL names none: the Unix socket
+/// directory it was built with. Debian's, Ubuntu's and Red Hat's packages
+/// use `/var/run/postgresql`, upstream uses `/tmp`: so `/var/run/postgresql`
+/// wherever that directory exists (a socket missing there, as while the
+/// server restarts, is not looked for in `/tmp`, where any local user could
+/// put one), else `/tmp`; `localhost` where there are no Unix sockets.
+fn pg_default_server() -> &'static str {
+    if cfg!(unix) {
+        const DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+        DIRS.into_iter()
+            .find(|d| std::path::Path::new(d).is_dir())
+            .unwrap_or(DIRS[0])
+    } else {
+        "localhost"
+    }
+}
+
+#[cfg(feature = "postgres")]
+/// A configuration that names no server (no host, no hostaddr: which
+/// tokio-postgres would refuse) gets [`pg_default_server`].
+pub(crate) fn pg_default_host(config: &mut tokio_postgres::Config) {
+    if !config.get_hosts().is_empty() || !config.get_hostaddrs().is_empty() {
+        return;
+    }
+    #[cfg(unix)]
+    config.host_path(pg_default_server());
+    #[cfg(not(unix))]
+    config.host(pg_default_server());
+}
+
+#[cfg(feature = "postgres")]
+/// `base` (a URL before its query, `query` its parameters) with each empty
+/// host of its host list (`postgres://user@:6543/db`, `@,other:5433`:
+/// tokio-postgres reads an empty host as a TCP host named "") replaced by
+/// [`pg_default_server`], percent-encoded, as libpq reads an empty host.
+/// Unchanged where a `host` or `hostaddr` parameter names the server (they
+/// take the URL's place in libpq), and where there is no host list at all
+/// ([`pg_default_host`] then applies).
+pub(crate) fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, str> {
+    let named = |k: &str| query.iter().any(|kv| kv.split('=').next() == Some(k));
+    let Some((scheme, rest)) = base.split_once("://") else {
+        return base.into();
+    };
+    if named("host") || named("hostaddr") {
+        return base.into();
+    }
+    // As tokio-postgres reads it: the user part ends at the first '@'
+    // (a password may hold a '/'), the host list at the next '/' or '?'.
+    let (user, rest) = rest.split_at(rest.find('@').map_or(0, |i| i + 1));
+    let (hosts, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let empty = |h: &str| h.is_empty() || h.starts_with(':');
+    if hosts.is_empty() || !hosts.split(',').any(empty) {
+        return base.into();
+    }
+    let server = pg_default_server().replace('/', "%2F");
+    let filled: Vec<String> = hosts
+        .split(',')
+        .map(|h| {
+            if empty(h) {
+                format!("{server}{h}")
+            } else {
+                h.to_owned()
+            }
+        })
+        .collect();
+    format!("{scheme}://{user}{}{path}", filled.join(",")).into()
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    #[cfg(feature = "postgres")]
+    use tokio_postgres::config::Host;
+
+    #[cfg(feature = "postgres")]
+    fn hosts(url: &str) -> Vec<Host> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let query: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
+        let filled = format!("{}?{}", pg_fill_empty_hosts(base, &query), query.join("&"));
+        let mut c: tokio_postgres::Config = filled.parse().unwrap();
+        pg_default_host(&mut c);
+        c.get_hosts().to_vec()
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn a_url_without_a_host_gets_libpqs_socket_directory() {
+        let dir = if std::path::Path::new("/var/run/postgresql").is_dir() {
+            "/var/run/postgresql"
+        } else {
+            "/tmp"
+        };
+        let unix = || Host::Unix(dir.into());
+        for url in [
+            "postgres://postgres@/test",
+            "postgres:///test?sslmode=disable",
+            "postgres://postgres@:6543/test",
+            // A password may hold a '/' (the user part ends at the '@').
+            "postgres://u:pa/ss@:6543/test",
+        ] {
+            assert_eq!(hosts(url), vec![unix()], "{url}");
+        }
+        // Each empty host of a list.
+        assert_eq!(
+            hosts("postgres://u:p@:6543,127.0.0.1:5433/test"),
+            vec![unix(), Host::Tcp("127.0.0.1".into())]
+        );
+        assert_eq!(
+            pg_fill_empty_hosts("postgres://u@,h/x", &[]),
+            format!("postgres://u@{},h/x", dir.replace('/', "%2F"))
+        );
+        // A host or a hostaddr named, in the URL or its parameters, is
+        // kept as it is, with nothing added.
+        assert_eq!(
+            hosts("postgres://postgres@127.0.0.1/test"),
+            vec![Host::Tcp("127.0.0.1".into())]
+        );
+        assert_eq!(
+            pg_fill_empty_hosts("postgres://u@:5432/db", &["host=/tmp"]),
+            "postgres://u@:5432/db"
+        );
+        assert_eq!(hosts("postgres:///db?host=/tmp"), vec![Host::Unix("/tmp".into())]);
+        assert!(hosts("postgres://postgres@/test?hostaddr=127.0.0.1").is_empty());
+        assert_eq!(
+            pg_fill_empty_hosts("postgres://u@:6543/db", &["hostaddr=127.0.0.1"]),
+            "postgres://u@:6543/db"
+        );
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_mysql_url_without_a_host_goes_to_the_local_socket() {
+        let socket = if std::path::Path::new("/var/run/mysqld").is_dir() {
+            "/var/run/mysqld/mysqld.sock"
+        } else if std::path::Path::new("/run/mysqld").is_dir() {
+            "/run/mysqld/mysqld.sock"
+        } else {
+            "/tmp/mysql.sock"
+        };
+        assert_eq!(mysql_socket(), socket);
+        for (url, want) in [
+            (
+                "mysql://root@/test",
+                format!("mysql://root@localhost/test?socket={socket}"),
+            ),
+            ("mysql:///test", format!("mysql://localhost/test?socket={socket}")),
+            (
+                "mysql://u:p%40ss@/test?x=1#f",
+                format!("mysql://u:p%40ss@localhost/test?x=1&socket={socket}#f"),
+            ),
+            (
+                "mysql://root@/test?socket=/s",
+                "mysql://root@localhost/test?socket=/s".into(),
+            ),
+            (
+                "mysql://root@/test?soc%6Bet=/s",
+                "mysql://root@localhost/test?soc%6Bet=/s".into(),
+            ),
+            ("mysql://root@h/test", "mysql://root@h/test".into()),
+            ("mysql://root@h:3306", "mysql://root@h:3306".into()),
+        ] {
+            assert_eq!(mysql_default_host(url).as_deref(), Some(want.as_str()), "{url}");
+        }
+        // A port with no host is refused, not sent to the socket.
+        assert_eq!(mysql_default_host("mysql://root@:3307/test"), None);
+        assert_eq!(mysql_default_host("mysql://:3307"), None);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn the_socket_parameter_is_read_as_mysql_async_reads_it() {
+        assert_eq!(mysql_socket_param("mysql://h/db"), None);
+        assert_eq!(
+            mysql_socket_param("mysql://h/db?socket=/a&socket=/b").as_deref(),
+            Some("/b")
+        );
+        assert_eq!(
+            mysql_socket_param("mysql://h/db?socket=%2Fmy+sock").as_deref(),
+            Some("/my sock")
+        );
+        assert_eq!(mysql_socket_param("mysql://h/db#x?socket=/s"), None);
+        assert_eq!(mysql_socket_param("mysql://h/db?x=1#socket=/s"), None);
+    }
+}

@@ -193,6 +193,11 @@ impl PrivateMariaDb {
         self.port
     }
 
+    /// The server's Unix socket.
+    pub fn socket(&self) -> std::path::PathBuf {
+        self.instance.dir().join("sock")
+    }
+
     /// The server log so far (for assertion messages).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.instance.dir().join("log")).unwrap_or_default()

@@ -74,7 +74,7 @@ impl Connector {
         } else {
             "sslmode=require"
         });
-        let base = fill_empty_hosts(base);
+        let base = crate::redact::pg_fill_empty_hosts(base, &kept);
         let rebuilt = format!("{base}?{}", kept.join("&"));
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
             Error::Config(format!(
@@ -101,7 +101,7 @@ impl Connector {
     }
 
     fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
-        default_host(&mut config);
+        crate::redact::pg_default_host(&mut config);
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(settings.connect_timeout);
         }
@@ -368,114 +368,4 @@ pub(crate) async fn bounded<T>(
 
 fn connect_err(e: tokio_postgres::Error) -> Error {
     Error::Connect(Box::new(e))
-}
-
-/// Where a configuration names no server (`postgres://user@/db`, which
-/// tokio-postgres would refuse), libpq's default: the Unix socket
-/// directory it was built with — `/var/run/postgresql` in Debian's and
-/// Ubuntu's packages, `/tmp` upstream — so the first of the two that holds
-/// the port's socket (`.s.PGSQL.<port>`), else the first; `localhost`
-/// where there are no Unix sockets. A host or hostaddr named is kept.
-fn default_host(config: &mut Config) {
-    if !config.get_hosts().is_empty() || !config.get_hostaddrs().is_empty() {
-        return;
-    }
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    #[cfg(unix)]
-    {
-        const DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
-        let dir = DIRS
-            .into_iter()
-            .find(|d| std::path::Path::new(d).join(format!(".s.PGSQL.{port}")).exists())
-            .unwrap_or(DIRS[0]);
-        config.host_path(dir);
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = port;
-        config.host("localhost");
-    }
-}
-
-/// `base` (a URL before its query) with each empty host of its host list
-/// (`postgres://user@:6543/db`, `@,other:5433`: tokio-postgres reads an
-/// empty host as a TCP host named "") replaced by [`default_host`]'s
-/// directory for its port, percent-encoded, as libpq reads an empty host.
-/// A URL with no host at all is left to [`default_host`].
-fn fill_empty_hosts(base: &str) -> std::borrow::Cow<'_, str> {
-    let Some((scheme, rest)) = base.split_once("://") else {
-        return base.into();
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let (user, hosts) = match authority.rfind('@') {
-        Some(at) => authority.split_at(at + 1),
-        None => ("", authority),
-    };
-    if hosts.is_empty() || !hosts.split(',').any(|h| h.is_empty() || h.starts_with(':')) {
-        return base.into();
-    }
-    let filled: Vec<String> = hosts
-        .split(',')
-        .map(|h| {
-            if !(h.is_empty() || h.starts_with(':')) {
-                return h.to_owned();
-            }
-            let port = h.strip_prefix(':').and_then(|p| p.parse().ok()).unwrap_or(5432);
-            let mut c = Config::new();
-            c.port(port);
-            default_host(&mut c);
-            match c.get_hosts().first() {
-                #[cfg(unix)]
-                Some(Host::Unix(dir)) => format!("{}{h}", dir.display().to_string().replace('/', "%2F")),
-                Some(Host::Tcp(name)) => format!("{name}{h}"),
-                _ => h.to_owned(),
-            }
-        })
-        .collect();
-    format!("{scheme}://{user}{}{path}", filled.join(",")).into()
-}
-
-#[cfg(all(test, unix))]
-mod tests {
-    use super::*;
-
-    fn hosts(url: &str) -> Vec<Host> {
-        let mut c: Config = fill_empty_hosts(url).parse().unwrap();
-        default_host(&mut c);
-        c.get_hosts().to_vec()
-    }
-
-    #[test]
-    fn a_url_without_a_host_gets_libpqs_socket_directory() {
-        let expected = |port: u16| {
-            let on = |d: &str| std::path::Path::new(d).join(format!(".s.PGSQL.{port}")).exists();
-            if !on("/var/run/postgresql") && on("/tmp") {
-                "/tmp"
-            } else {
-                "/var/run/postgresql"
-            }
-        };
-        for (url, port) in [
-            ("postgres://postgres@/test", 5432),
-            ("postgres:///test?sslmode=disable", 5432),
-            ("postgres://postgres@:6543/test", 6543),
-        ] {
-            assert_eq!(hosts(url), vec![Host::Unix(expected(port).into())], "{url}");
-        }
-        // Each empty host of a list, with its own port.
-        assert_eq!(
-            hosts("postgres://u:p@:6543,127.0.0.1:5433/test"),
-            vec![Host::Unix(expected(6543).into()), Host::Tcp("127.0.0.1".into())]
-        );
-        assert_eq!(
-            fill_empty_hosts("postgres://u@,h/x"),
-            format!("postgres://u@{},h/x", expected(5432).replace('/', "%2F"))
-        );
-        // A host or a hostaddr named is kept as it is.
-        assert_eq!(
-            hosts("postgres://postgres@127.0.0.1/test"),
-            vec![Host::Tcp("127.0.0.1".into())]
-        );
-        assert!(hosts("postgres://postgres@/test?hostaddr=127.0.0.1").is_empty());
-    }
 }
