@@ -1786,6 +1786,15 @@ async fn a_unix_socket_connection_claims_its_session_and_excludes() {
     again.release().await.unwrap();
 }
 
+/// The server sessions application `app` opened on `pg` (its log, with
+/// `log_connections = on`).
+fn sessions_of(pg: &common::PrivatePg, app: &str) -> usize {
+    pg.log()
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains(app))
+        .count()
+}
+
 /// Over the server's own Unix socket the connection is found direct: the
 /// process listening on the socket (`SO_PEERCRED`) is the postmaster, whose
 /// child serves the session. So the connect opens one server session, with
@@ -1805,11 +1814,7 @@ async fn a_unix_socket_to_the_postmaster_is_direct() {
     let name = unique("unix-direct");
     let g = locker.lock(name.as_str()).await.unwrap();
     g.release().await.unwrap();
-    let sessions = pg
-        .log()
-        .lines()
-        .filter(|l| l.contains("connection authorized") && l.contains(&app))
-        .count();
+    let sessions = sessions_of(&pg, &app);
     assert_eq!(
         sessions, 1,
         "the connect and a lock opened {sessions} server sessions"
@@ -1855,11 +1860,7 @@ async fn a_url_without_a_host_uses_the_default_socket() {
         "the lock is held on the server behind the default socket"
     );
     g.release().await.unwrap();
-    let sessions = pg
-        .log()
-        .lines()
-        .filter(|l| l.contains("connection authorized") && l.contains(&app))
-        .count();
+    let sessions = sessions_of(&pg, &app);
     assert_eq!(
         sessions, 1,
         "found direct: no second session for the pooler check"
