@@ -303,6 +303,15 @@ impl PrivatePg {
         run(c, "pg_ctl promote", || self.log());
     }
 
+    /// Replaces the server's `pg_hba.conf` with `rules` and has it reload
+    /// (`pg_ctl reload`: new connections follow the rules a moment later).
+    pub fn set_hba(&self, rules: &str) {
+        std::fs::write(self.data().join("pg_hba.conf"), rules).unwrap();
+        let mut c = self.pg_ctl();
+        c.arg("reload");
+        run(c, "pg_ctl reload", || self.log());
+    }
+
     /// Stops the server cleanly (`pg_ctl stop -m fast`), keeping its
     /// directory (removed on drop). Blocking.
     pub fn shut_down(&self) {

@@ -102,6 +102,8 @@ impl Connector {
 
     fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
         crate::redact::pg_default_host(&mut config);
+        // No password given: PGPASSWORD or the password file, as libpq.
+        super::pgpass::fill_password(&mut config, |k| std::env::var(k).ok());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(settings.connect_timeout);
         }

@@ -3,6 +3,8 @@
 //!
 //! - `connector.rs`: [`Connector`], from a URL or a `Config`, and `connect`;
 //! - `tls.rs`: the TLS choice (`sslmode`) and its rustls set-up;
+//! - `pgpass.rs`: libpq's password sources (`PGPASSWORD`, the password
+//!   file) for a configuration that names no password;
 //! - `session.rs`: [`PgConn`], one server session, its lock statements and
 //!   its end;
 //! - `cancel.rs`: cancelling a statement still running, then closing;
@@ -23,6 +25,7 @@ mod direct;
 mod executed;
 mod heartbeat;
 mod liveness;
+mod pgpass;
 mod prepared;
 mod session;
 mod tls;

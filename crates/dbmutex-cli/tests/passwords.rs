@@ -1,0 +1,143 @@
+#![cfg(unix)]
+//! Where `dbmutex run` finds a PostgreSQL password the URL does not carry:
+//! `PGPASSWORD`, else the password file (`PGPASSFILE`, else `~/.pgpass`),
+//! as psql does — so a cron job keeps it out of the URL and out of `ps`.
+//! Real processes against a private server that asks role `cron` for its
+//! password (SCRAM) over TCP.
+
+#[path = "../../dbmutex/tests/common/private.rs"]
+mod private;
+#[path = "../../dbmutex/tests/common/private_pg.rs"]
+mod private_pg;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use private_pg::PrivatePg;
+
+const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
+const PASSWORD: &str = "Cr0n-pw-7d1e";
+
+/// A private server where `postgres` is trusted and `cron` must give its
+/// password, and a temp directory for password files (removed on drop).
+struct Setup {
+    pg: PrivatePg,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn setup() -> Setup {
+    let pg = PrivatePg::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let raw = rt.block_on(pg.raw());
+    rt.block_on(raw.batch_execute(&format!("CREATE ROLE cron LOGIN PASSWORD '{PASSWORD}'")))
+        .unwrap();
+    pg.set_hba(
+        "local all all trust\n\
+         host all postgres 127.0.0.1/32 trust\n\
+         host all all 127.0.0.1/32 scram-sha-256\n",
+    );
+    // Until the server follows the new rules: cron without a password is refused.
+    let url = format!("postgres://cron@127.0.0.1:{}/test", pg.port());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt
+        .block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls))
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "pg_hba.conf not in force after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir = std::env::temp_dir().join(format!("dbmutex-passwords-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    Setup { pg, dir }
+}
+
+/// `file` with `text`, readable by its owner only unless `mode` says else.
+fn write(file: &Path, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(file, text).unwrap();
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `dbmutex run pw -- true` as `cron` with the URL `url` and only the
+/// environment `env` (beside PATH): its exit code and what it printed.
+fn run(url: &str, env: &[(&str, &Path)], home: &Path, pgpassword: Option<&str>) -> (i32, String) {
+    let mut c = Command::new(BIN);
+    c.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("DBMUTEX_DATABASE_URL", url)
+        .args(["run", "pw", "--", "true"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    if let Some(p) = pgpassword {
+        c.env("PGPASSWORD", p);
+    }
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains(PASSWORD), "the password was printed: {text}");
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn a_password_comes_from_pgpassword_or_the_password_file() {
+    let s = setup();
+    let port = s.pg.port();
+    let url = format!("postgres://cron@127.0.0.1:{port}/test?sslmode=disable");
+    let empty_home = s.dir.join("empty-home");
+    std::fs::create_dir_all(&empty_home).unwrap();
+
+    // Nowhere: the server refuses, exit 69.
+    let (code, text) = run(&url, &[], &empty_home, None);
+    assert_eq!(code, 69, "{text}");
+    assert!(text.contains("password"), "{text}");
+
+    // PGPASSWORD.
+    let (code, text) = run(&url, &[], &empty_home, Some(PASSWORD));
+    assert_eq!(code, 0, "{text}");
+
+    // PGPASSFILE, its matching line (the first lines do not match).
+    let file = s.dir.join("pgpass");
+    write(
+        &file,
+        &format!(
+            "# cron's\n127.0.0.1:{port}:other:cron:wrong\nelsewhere:*:*:*:wrong\n127.0.0.1:{port}:test:cron:{PASSWORD}\n"
+        ),
+        0o600,
+    );
+    let (code, text) = run(&url, &[("PGPASSFILE", &file)], &empty_home, None);
+    assert_eq!(code, 0, "{text}");
+
+    // ~/.pgpass, with wildcards.
+    let home = s.dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o600);
+    let (code, text) = run(&url, &[], &home, None);
+    assert_eq!(code, 0, "{text}");
+
+    // PGPASSWORD before the file; the URL's own password before both.
+    let (code, text) = run(&url, &[], &home, Some("wrong"));
+    assert_eq!(code, 69, "PGPASSWORD comes first: {text}");
+    let with_password = format!("postgres://cron:{PASSWORD}@127.0.0.1:{port}/test?sslmode=disable");
+    let (code, text) = run(&with_password, &[], &empty_home, Some("wrong"));
+    assert_eq!(code, 0, "{text}");
+
+    // A password file others may read is ignored, as libpq ignores it.
+    write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o644);
+    let (code, text) = run(&url, &[], &home, None);
+    assert_eq!(code, 69, "{text}");
+}
