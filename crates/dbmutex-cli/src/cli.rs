@@ -41,8 +41,9 @@ Backend: --database-url, else env DBMUTEX_DATABASE_URL, else env DATABASE_URL
 backend (this host only): lock files under env DBMUTEX_LOCK_DIR, else
 /run/lock/dbmutex, the same for every user and environment (cron, env -i, sudo).
 --require-database (or env DBMUTEX_REQUIRE_DATABASE=1) refuses that fallback.
-A PostgreSQL URL without a password takes it from env PGPASSWORD, else from the
-password file (env PGPASSFILE, else ~/.pgpass), as psql does.
+A URL without a password takes it as the database's own client does: PostgreSQL
+from env PGPASSWORD, else the password file (env PGPASSFILE, else ~/.pgpass);
+MySQL/MariaDB from env MYSQL_PWD, else ~/.my.cnf's [client] password.
 
 The command runs in a process group of its own. Signals dbmutex gets, a lost
 lock (SIGTERM, then SIGKILL after --kill-after) and dbmutex's own death, even by

@@ -1,12 +1,15 @@
 #![cfg(unix)]
-//! Where `dbmutex run` finds a PostgreSQL password the URL does not carry:
-//! `PGPASSWORD`, else the password file (`PGPASSFILE`, else `~/.pgpass`),
-//! as psql does — so a cron job keeps it out of the URL and out of `ps`.
-//! Real processes against a private server that asks role `cron` for its
-//! password (SCRAM) over TCP.
+//! Where `dbmutex run` finds a password the URL does not carry, as the
+//! databases' own clients do — so a cron job keeps it out of the URL and
+//! out of `ps`: on PostgreSQL `PGPASSWORD`, else the password file
+//! (`PGPASSFILE`, else `~/.pgpass`); on MySQL/MariaDB `MYSQL_PWD`, else
+//! `~/.my.cnf`'s `[client]` password. Real processes against private
+//! servers that ask user `cron` for its password over TCP.
 
 #[path = "../../dbmutex/tests/common/private.rs"]
 mod private;
+#[path = "../../dbmutex/tests/common/private_mariadb.rs"]
+mod private_mariadb;
 #[path = "../../dbmutex/tests/common/private_pg.rs"]
 mod private_pg;
 
@@ -14,6 +17,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mysql_async::prelude::Queryable;
+use private_mariadb::PrivateMariaDb;
 use private_pg::PrivatePg;
 
 const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
@@ -69,8 +74,13 @@ fn write(file: &Path, text: &str, mode: u32) {
 }
 
 /// `dbmutex run pw -- true` as `cron` with the URL `url` and only the
-/// environment `env` (beside PATH): its exit code and what it printed.
+/// environment `env` (beside PATH and HOME): its exit code and what it
+/// printed.
 fn run(url: &str, env: &[(&str, &Path)], home: &Path, pgpassword: Option<&str>) -> (i32, String) {
+    run_with(url, env, home, pgpassword.map(|p| ("PGPASSWORD", p)))
+}
+
+fn run_with(url: &str, env: &[(&str, &Path)], home: &Path, var: Option<(&str, &str)>) -> (i32, String) {
     let mut c = Command::new(BIN);
     c.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -80,8 +90,8 @@ fn run(url: &str, env: &[(&str, &Path)], home: &Path, pgpassword: Option<&str>) 
     for (k, v) in env {
         c.env(k, v);
     }
-    if let Some(p) = pgpassword {
-        c.env("PGPASSWORD", p);
+    if let Some((k, v)) = var {
+        c.env(k, v);
     }
     let out = c.output().unwrap();
     let text = format!(
@@ -132,6 +142,7 @@ fn a_password_comes_from_pgpassword_or_the_password_file() {
     // PGPASSWORD before the file; the URL's own password before both.
     let (code, text) = run(&url, &[], &home, Some("wrong"));
     assert_eq!(code, 69, "PGPASSWORD comes first: {text}");
+    assert!(text.contains("password authentication failed"), "{text}");
     let with_password = format!("postgres://cron:{PASSWORD}@127.0.0.1:{port}/test?sslmode=disable");
     let (code, text) = run(&with_password, &[], &empty_home, Some("wrong"));
     assert_eq!(code, 0, "{text}");
@@ -140,4 +151,60 @@ fn a_password_comes_from_pgpassword_or_the_password_file() {
     write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o644);
     let (code, text) = run(&url, &[], &home, None);
     assert_eq!(code, 69, "{text}");
+}
+
+#[test]
+fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
+    let my = PrivateMariaDb::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut raw = my.raw().await;
+        raw.query_drop(format!(
+            "CREATE USER 'cron'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT SELECT ON test.* TO 'cron'@'%'"
+        ))
+        .await
+        .unwrap();
+    });
+    let dir = std::env::temp_dir().join(format!("dbmutex-passwords-my-{}", std::process::id()));
+    let (empty_home, home) = (dir.join("empty-home"), dir.join("home"));
+    std::fs::create_dir_all(&empty_home).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    let url = format!("mysql://cron@127.0.0.1:{}/test", my.port());
+
+    // Nowhere: the server refuses, exit 69.
+    let (code, text) = run_with(&url, &[], &empty_home, None);
+    assert_eq!(code, 69, "{text}");
+    assert!(text.contains("using password: NO"), "{text}");
+
+    // MYSQL_PWD.
+    let (code, text) = run_with(&url, &[], &empty_home, Some(("MYSQL_PWD", PASSWORD)));
+    assert_eq!(code, 0, "{text}");
+
+    // ~/.my.cnf's [client] group (not another group's).
+    let cnf = home.join(".my.cnf");
+    write(
+        &cnf,
+        &format!("[mysqld]\npassword = wrong\n[client]\nuser = cron\npassword = \"{PASSWORD}\"\n"),
+        0o600,
+    );
+    let (code, text) = run_with(&url, &[], &home, None);
+    assert_eq!(code, 0, "{text}");
+
+    // MYSQL_PWD before the file; the URL's own password before both.
+    let (code, text) = run_with(&url, &[], &home, Some(("MYSQL_PWD", "wrong")));
+    assert_eq!(code, 69, "MYSQL_PWD comes first: {text}");
+    assert!(text.contains("using password: YES"), "{text}");
+    let with_password = format!("mysql://cron:{PASSWORD}@127.0.0.1:{}/test", my.port());
+    let (code, text) = run_with(&with_password, &[], &empty_home, Some(("MYSQL_PWD", "wrong")));
+    assert_eq!(code, 0, "{text}");
+
+    // A world-writable option file is ignored, as the clients ignore it.
+    write(&cnf, &format!("[client]\npassword = {PASSWORD}\n"), 0o666);
+    let (code, text) = run_with(&url, &[], &home, None);
+    assert_eq!(code, 69, "{text}");
+    assert!(text.contains("using password: NO"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,6 +16,16 @@ use crate::{Error, Locker, Result};
 impl Locker {
     /// Connects with default settings. `postgres://` / `postgresql://`,
     /// `mysql://` / `mariadb://`, or `file:///lock/dir` for the local backend.
+    ///
+    /// What a URL leaves out is filled in as the database's own client
+    /// fills it in. No host: the local server's Unix socket (PostgreSQL:
+    /// libpq's socket directory, `/var/run/postgresql` where it exists,
+    /// else `/tmp`; MySQL/MariaDB: `/var/run/mysqld/mysqld.sock`, else
+    /// `/tmp/mysql.sock`). No password: PostgreSQL takes `PGPASSWORD`,
+    /// else the password file (`PGPASSFILE`, else `~/.pgpass`, readable by
+    /// its owner only; used only where it gives every host of the URL the
+    /// same password); MySQL/MariaDB takes `MYSQL_PWD`, else the
+    /// `[client]` password of `~/.my.cnf`.
     pub async fn connect(url: &str) -> Result<Locker> {
         Self::builder(url).connect().await
     }
@@ -28,7 +38,9 @@ impl Locker {
     /// A builder for PostgreSQL from a tokio-postgres `Config` (for callers
     /// that already build one). TLS follows its `ssl_mode`: `disable`, or
     /// encryption without certificate verification (libpq's `prefer` and
-    /// `require`); use a URL with `sslmode=verify-full` to verify.
+    /// `require`); use a URL with `sslmode=verify-full` to verify. No
+    /// password is looked up for it (`PGPASSWORD`, `~/.pgpass`): the
+    /// `Config` says what to send.
     #[cfg(feature = "postgres")]
     pub fn pg_config_builder(config: tokio_postgres::Config) -> LockerBuilder {
         LockerBuilder::new(Target::PgConfig(Box::new(config)))

@@ -72,8 +72,15 @@ impl Connector {
             .map_err(|e| Error::Config(format!("bad MySQL URL {}: {}", redact_url(url), mysql_reason(&e))))?;
         let query = mysql_url.split_once('?').map_or("", |(_, q)| q);
         let has_param = |p: &str| query.split('&').any(|kv| kv.split('=').next() == Some(p));
+        let no_password = opts.pass().is_none();
         let mut builder =
             OptsBuilder::from_opts(opts).connect_attribute("program_name", &settings.application_name);
+        // No password in the URL: MYSQL_PWD or ~/.my.cnf's, as the clients.
+        if no_password {
+            if let Some(p) = super::mycnf::password(|k| std::env::var(k).ok()) {
+                builder = builder.pass(Some(p));
+            }
+        }
         // mysql_async switches a loopback TCP connection to the server's Unix
         // socket by default: an extra connect per lock, and holders would no
         // longer show the address the URL names. Keep what the URL says.

@@ -150,6 +150,7 @@ mod get_lock;
 mod grant;
 mod introspect;
 mod lock_conn;
+mod mycnf;
 mod nested;
 mod registry;
 mod runs;

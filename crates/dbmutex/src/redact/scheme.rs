@@ -151,7 +151,7 @@ pub(crate) fn mysql_default_host(url: &str) -> Option<Cow<'_, str>> {
 /// wherever that directory exists (a socket missing there, as while the
 /// server restarts, is not looked for in `/tmp`, where any local user could
 /// put one), else `/tmp`; `localhost` where there are no Unix sockets.
-fn pg_default_server() -> &'static str {
+pub(crate) fn pg_default_server() -> &'static str {
     if cfg!(unix) {
         const DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
         DIRS.into_iter()

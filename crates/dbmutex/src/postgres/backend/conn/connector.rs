@@ -87,7 +87,12 @@ impl Connector {
             None => Tls::Off,
             Some(verify) => make_tls(verify, rootcert.as_deref())?,
         };
-        Ok(Self::with_config(config, tls, settings))
+        let mut c = Self::with_config(config, tls, settings);
+        // No password given: PGPASSWORD or the password file, as libpq
+        // reads a URL. (Not for a `Config` the application built: it said
+        // what to send.)
+        super::pgpass::fill_password(&mut c.config, |k| std::env::var(k).ok());
+        Ok(c)
     }
 
     /// From a tokio-postgres `Config`: TLS as its `ssl_mode` says
@@ -102,8 +107,6 @@ impl Connector {
 
     fn with_config(mut config: Config, tls: Tls, settings: &Settings) -> Self {
         crate::redact::pg_default_host(&mut config);
-        // No password given: PGPASSWORD or the password file, as libpq.
-        super::pgpass::fill_password(&mut config, |k| std::env::var(k).ok());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(settings.connect_timeout);
         }

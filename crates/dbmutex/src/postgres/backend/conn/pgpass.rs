@@ -9,10 +9,16 @@ use std::path::PathBuf;
 use tokio_postgres::config::Host;
 use tokio_postgres::Config;
 
-/// Gives `config` the password libpq would send, where it names none.
-/// `env` reads an environment variable (`std::env::var_os` but in tests).
+/// Gives `config` the password libpq would send, where it names none (or
+/// an empty one). `env` reads an environment variable (`std::env::var` but
+/// in tests).
+///
+/// libpq looks the file up for each host it tries; `config` carries one
+/// password for all of them: it is filled from the file only where every
+/// host and port of the URL finds the same one, so that no host is sent a
+/// password the file keeps for another.
 pub(super) fn fill_password(config: &mut Config, env: impl Fn(&str) -> Option<String>) {
-    if config.get_password().is_some() {
+    if config.get_password().is_some_and(|p| !p.is_empty()) {
         return;
     }
     if let Some(p) = env("PGPASSWORD").filter(|p| !p.is_empty()) {
@@ -30,23 +36,60 @@ pub(super) fn fill_password(config: &mut Config, env: impl Fn(&str) -> Option<St
         return;
     };
     // libpq's defaults for what the URL leaves out: the user is the
-    // login's, the database the user's name, a socket matches `localhost`.
+    // login's (as tokio-postgres sends it), the database the user's name.
     let Some(user) = config
         .get_user()
         .map(str::to_owned)
-        .or_else(|| env("USER").or_else(|| env("LOGNAME")))
+        .or_else(|| whoami::username().ok())
     else {
         return;
     };
-    let host = match (config.get_hosts().first(), config.get_hostaddrs().first()) {
-        (Some(Host::Tcp(h)), _) if !h.is_empty() => h.clone(),
-        (None, Some(addr)) => addr.to_string(),
-        _ => "localhost".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
     let db = config.get_dbname().unwrap_or(&user).to_owned();
-    if let Some(p) = lookup(&text, [&host, &port, &db, &user]) {
+    let ports = config.get_ports();
+    let port_of = |i: usize| {
+        let p = match ports.len() {
+            0 => 5432,
+            1 => ports[0],
+            _ => ports.get(i).copied().unwrap_or(5432),
+        };
+        p.to_string()
+    };
+    let hosts: Vec<String> = match (config.get_hosts(), config.get_hostaddrs()) {
+        ([], []) => vec!["localhost".to_owned()],
+        ([], addrs) => addrs.iter().map(ToString::to_string).collect(),
+        (hosts, _) => hosts.iter().map(host_name).collect(),
+    };
+    let mut found = None;
+    for (i, host) in hosts.iter().enumerate() {
+        let p = lookup(&text, [host, &port_of(i), &db, &user]);
+        match (&found, p) {
+            (_, None) => return,
+            (None, Some(p)) => found = Some(p),
+            (Some(f), Some(p)) if *f == p => {}
+            (Some(_), Some(_)) => return,
+        }
+    }
+    if let Some(p) = found {
         config.password(p);
+    }
+}
+
+/// How the password file names `host`: a Unix socket in libpq's default
+/// directory as `localhost` (as libpq matches it), another socket
+/// directory by its path.
+fn host_name(host: &Host) -> String {
+    match host {
+        Host::Tcp(h) if h.is_empty() => "localhost".to_owned(),
+        Host::Tcp(h) => h.clone(),
+        #[cfg(unix)]
+        Host::Unix(path) => {
+            let path = path.to_string_lossy();
+            if path == crate::redact::pg_default_server() {
+                "localhost".to_owned()
+            } else {
+                path.into_owned()
+            }
+        }
     }
 }
 
@@ -105,9 +148,13 @@ fn split(line: &str) -> Vec<(String, String)> {
         match c {
             '\\' => {
                 raw.push(c);
-                if let Some(next) = chars.next() {
-                    raw.push(next);
-                    value.push(next);
+                match chars.next() {
+                    Some(next) => {
+                        raw.push(next);
+                        value.push(next);
+                    }
+                    // A backslash at the end stays (as libpq keeps it).
+                    None => value.push(c),
                 }
             }
             ':' => {
@@ -147,6 +194,11 @@ mod tests {
         assert_eq!(l("anywhere", "1", "x", "ops").as_deref(), Some("co:lon\\pw"));
         assert_eq!(l("localhost", "5433", "x", "y").as_deref(), Some("socketpw"));
         assert_eq!(l("we:ird", "1", "d", "u").as_deref(), Some("p"));
+        // A backslash at the very end stays, as in libpq.
+        assert_eq!(
+            lookup("h:1:d:u:ends\\", ["h", "1", "d", "u"]).as_deref(),
+            Some("ends\\")
+        );
         assert_eq!(l("db.example", "5432", "prod", "nobody"), None);
         assert_eq!(l("comment", "a", "b", "c"), None);
         assert_eq!(l("too", "few", "fields", ""), None);
@@ -189,19 +241,50 @@ mod tests {
             filled("postgres://app@db.example/prod", &[("PGPASSFILE", f)]),
             Some(b"s3cret".to_vec())
         );
-        // No database: the user's name; no user: the login's.
+        // No database: the user's name.
         assert_eq!(
             filled("postgres://ops@h", &[("PGPASSFILE", f)]),
             Some(b"co:lon\\pw".to_vec())
         );
+        // An empty password is none.
+        assert_eq!(
+            filled("postgres://ops:@h", &[("PGPASSFILE", f)]),
+            Some(b"co:lon\\pw".to_vec())
+        );
+        // Several hosts: only where every one finds the same password.
         assert_eq!(
             filled(
-                "postgres://db.example:1/prod",
-                &[("PGPASSFILE", f), ("USER", "app")]
+                "postgres://app@db.example:6432,db.example:7432/prod",
+                &[("PGPASSFILE", f)]
             ),
             Some(b"other".to_vec())
         );
-        // A socket matches `localhost`; ~/.pgpass when PGPASSFILE is unset.
+        assert_eq!(
+            filled(
+                "postgres://app@db.example,db.example:6432/prod",
+                &[("PGPASSFILE", f)]
+            ),
+            None
+        );
+        assert_eq!(
+            filled("postgres://app@db.example,elsewhere/prod", &[("PGPASSFILE", f)]),
+            None
+        );
+        // No user: the login's, as tokio-postgres sends it.
+        let login = whoami::username().unwrap();
+        let own = dir.join("own");
+        std::fs::write(&own, format!("h:*:*:{login}:mine\n")).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        assert_eq!(
+            filled("postgres://h/d", &[("PGPASSFILE", own.to_str().unwrap())]),
+            Some(b"mine".to_vec())
+        );
+        // The default socket directory matches `localhost`, another one its
+        // path; ~/.pgpass when PGPASSFILE is unset.
         std::fs::copy(&file, dir.join(".pgpass")).unwrap();
         #[cfg(unix)]
         {
@@ -209,9 +292,14 @@ mod tests {
             std::fs::set_permissions(dir.join(".pgpass"), std::fs::Permissions::from_mode(0o600)).unwrap();
         }
         let home = dir.to_str().unwrap();
+        let default = crate::redact::pg_default_server().replace('/', "%2F");
         assert_eq!(
-            filled("postgres://u@%2Fvar%2Frun%2Fpostgresql:5433/d", &[("HOME", home)]),
+            filled(&format!("postgres://u@{default}:5433/d"), &[("HOME", home)]),
             Some(b"socketpw".to_vec())
+        );
+        assert_eq!(
+            filled("postgres://u@%2Fsomewhere%2Felse:5433/d", &[("HOME", home)]),
+            None
         );
         assert_eq!(filled("postgres://nobody@h/d", &[("HOME", home)]), None);
         // A file others may read is ignored.

@@ -1,0 +1,166 @@
+//! The MySQL and MariaDB clients' password sources, for a URL that carries
+//! none: the `MYSQL_PWD` environment variable, else the `password` option
+//! of the `[client]` group of the user's option file (`~/.my.cnf`), as the
+//! `mysql`/`mariadb` clients read them. So a cron job keeps its password
+//! out of the URL (and out of `ps`) the way it already does for them.
+
+use std::path::Path;
+
+/// The password the clients would send, where the URL names none. `env`
+/// reads an environment variable (`std::env::var` but in tests).
+pub(super) fn password(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(p) = env("MYSQL_PWD") {
+        return Some(p);
+    }
+    let home = env("HOME").filter(|h| !h.is_empty())?;
+    let text = read_option_file(&Path::new(&home).join(".my.cnf"))?;
+    client_password(&text)
+}
+
+/// The option file's text, unless anyone may write it (the clients ignore
+/// a world-writable option file: so do we).
+fn read_option_file(file: &Path) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o002 != 0 {
+            tracing::warn!(
+                file = %file.display(),
+                "dbmutex: the option file is world-writable and is ignored, as the MySQL clients ignore it"
+            );
+            return None;
+        }
+    }
+    std::fs::read_to_string(file).ok()
+}
+
+/// The last `password` of the `[client]` groups of an option file's text
+/// (the last one read wins, as in the clients). Lines starting with `#` or
+/// `;` are comments, as is an unquoted value's tail from a `#`; a value may
+/// be quoted (`'…'` or `"…"`) and holds the escapes `\n`, `\t`, `\r`, `\b`,
+/// `\s` (a space), `\\`, `\'` and `\"`. `!include` directives are not
+/// followed.
+fn client_password(text: &str) -> Option<String> {
+    let mut in_client = false;
+    let mut found = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with(['#', ';', '!']) {
+            continue;
+        }
+        if let Some(group) = line.strip_prefix('[') {
+            in_client = group.split(']').next().map(str::trim) == Some("client");
+            continue;
+        }
+        if !in_client {
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or((line, ""));
+        // Option names may spell `_` as `-`.
+        if key.trim().replace('-', "_") == "password" {
+            found = Some(value_of(value.trim()));
+        }
+    }
+    found
+}
+
+/// An option's value as the clients read it (see [`client_password`]).
+fn value_of(raw: &str) -> String {
+    let quote = raw.chars().next().filter(|c| *c == '\'' || *c == '"');
+    let body = match quote {
+        Some(_) => &raw[1..],
+        None => raw,
+    };
+    let mut out = String::new();
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        match (c, quote) {
+            ('\\', _) => match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some('r') => out.push('\r'),
+                Some('b') => out.push('\u{8}'),
+                Some('s') => out.push(' '),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            },
+            (c, Some(q)) if c == q => break,
+            ('#', None) => break,
+            (c, _) => out.push(c),
+        }
+    }
+    match quote {
+        Some(_) => out,
+        None => out.trim_end().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_groups_password_is_read_as_the_clients_read_it() {
+        let text = "# ~/.my.cnf\n\
+                    [mysqld]\n\
+                    password = not-this\n\
+                    [client]\n\
+                    user = cron\n\
+                    password = first\n\
+                    [mysql]\n\
+                    password = nor-this\n\
+                    [ client ]\n\
+                    password = s3cret # a comment\n";
+        assert_eq!(client_password(text).as_deref(), Some("s3cret"));
+        for (line, want) in [
+            ("password=plain", "plain"),
+            ("password = \"with # and space\"  # c", "with # and space"),
+            ("password='it\\'s'", "it's"),
+            ("password=a\\sb\\\\c", "a b\\c"),
+            ("password=", ""),
+        ] {
+            assert_eq!(
+                client_password(&format!("[client]\n{line}\n")).as_deref(),
+                Some(want),
+                "{line}"
+            );
+        }
+        assert_eq!(client_password("[mysqld]\npassword=x\n"), None);
+        assert_eq!(client_password("password=outside-a-group\n"), None);
+    }
+
+    #[test]
+    fn mysql_pwd_then_the_option_file() {
+        let dir = std::env::temp_dir().join(format!("dbmutex-mycnf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(".my.cnf"), "[client]\npassword=from-file\n").unwrap();
+        let home = dir.to_str().unwrap().to_owned();
+        let env = |vars: Vec<(&'static str, String)>| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            password(env(vec![("MYSQL_PWD", "env".into()), ("HOME", home.clone())])).as_deref(),
+            Some("env")
+        );
+        assert_eq!(
+            password(env(vec![("HOME", home.clone())])).as_deref(),
+            Some("from-file")
+        );
+        assert_eq!(password(env(vec![])), None);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.join(".my.cnf"), std::fs::Permissions::from_mode(0o666)).unwrap();
+            assert_eq!(
+                password(env(vec![("HOME", home)])),
+                None,
+                "world-writable: ignored"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
