@@ -13,29 +13,13 @@ pub(super) fn password(env: impl Fn(&str) -> Option<String>) -> Option<String> {
         return Some(p);
     }
     let home = env("HOME").filter(|h| !h.is_empty())?;
-    let text = read_option_file(&Path::new(&home).join(".my.cnf"))?;
+    // The clients ignore a world-writable option file: so do we.
+    let text = crate::redact::read_credentials_file(
+        &Path::new(&home).join(".my.cnf"),
+        0o002,
+        "the option file is world-writable and is ignored, as the MySQL clients ignore it",
+    )?;
     client_password(&text)
-}
-
-/// The option file's text, unless anyone may write it (the clients ignore
-/// a world-writable option file: so do we).
-fn read_option_file(file: &Path) -> Option<String> {
-    let meta = std::fs::metadata(file).ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o002 != 0 {
-            tracing::warn!(
-                file = %file.display(),
-                "dbmutex: the option file is world-writable and is ignored, as the MySQL clients ignore it"
-            );
-            return None;
-        }
-    }
-    std::fs::read_to_string(file).ok()
 }
 
 /// The last `password` of the `[client]` groups of an option file's text

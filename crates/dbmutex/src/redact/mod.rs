@@ -36,6 +36,8 @@ use percent_encoding::utf8_percent_encode;
 use crate::types::split_scheme;
 use crate::types::BackendKind;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use scheme::read_credentials_file;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use scheme::with_scheme;
 use scheme::PATH;
 pub(crate) use scheme::{file_url_path, UNPARSEABLE};

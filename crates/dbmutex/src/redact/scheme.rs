@@ -213,6 +213,29 @@ pub(crate) fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, 
     format!("{scheme}://{user}{}{path}", filled.join(",")).into()
 }
 
+/// A file of credentials a database client reads (libpq's password file,
+/// MySQL's option file): its text, if it is a regular file whose mode has
+/// none of the `forbidden` bits (on Unix) — else `None`, with a warning
+/// (`ignored` says why), as the clients ignore such a file.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn read_credentials_file(file: &std::path::Path, forbidden: u32, ignored: &str) -> Option<String> {
+    let meta = std::fs::metadata(file).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & forbidden != 0 {
+            tracing::warn!(file = %file.display(), "dbmutex: {ignored}");
+            return None;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (forbidden, ignored);
+    std::fs::read_to_string(file).ok()
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;

@@ -32,7 +32,12 @@ pub(super) fn fill_password(config: &mut Config, env: impl Fn(&str) -> Option<St
             None => return,
         },
     };
-    let Some(text) = read_private(&file) else {
+    // Only its owner may read or write it: libpq ignores it otherwise.
+    let Some(text) = crate::redact::read_credentials_file(
+        &file,
+        0o077,
+        "the password file has group or world access and is ignored; permissions should be u=rw (0600) or less",
+    ) else {
         return;
     };
     // libpq's defaults for what the URL leaves out: the user is the
@@ -91,28 +96,6 @@ fn host_name(host: &Host) -> String {
             }
         }
     }
-}
-
-/// The password file's text, if it is a regular file that only its owner
-/// may read or write (libpq ignores one that others can, with a warning:
-/// so do we).
-fn read_private(file: &std::path::Path) -> Option<String> {
-    let meta = std::fs::metadata(file).ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                file = %file.display(),
-                "dbmutex: the password file has group or world access and is ignored; permissions should be u=rw (0600) or less"
-            );
-            return None;
-        }
-    }
-    std::fs::read_to_string(file).ok()
 }
 
 /// The password of the first line of a password file whose
