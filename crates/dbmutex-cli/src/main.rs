@@ -13,6 +13,7 @@ mod docs;
 mod exit;
 mod group;
 mod init;
+mod log;
 mod once;
 mod plan;
 mod report;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         None => {}
     }
     let Cli { global, command } = cli;
+    log::install(global.quiet);
     let result = match command {
         Command::Run(args) => {
             // The guardian, forked first: the process is smallest now (no

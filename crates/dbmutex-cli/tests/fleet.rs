@@ -376,6 +376,13 @@ fn a_waiter_rides_out_a_mariadb_restart() {
         restarted.elapsed()
     );
     assert!(status.success(), "{status}: {err}");
+    // The library's warning reaches the user, once.
+    assert_eq!(
+        err.matches("dbmutex: lost the server while waiting; reconnecting until the wait's bound")
+            .count(),
+        1,
+        "{err}"
+    );
 }
 
 /// Behind a PgBouncer whose every server session is taken, a new

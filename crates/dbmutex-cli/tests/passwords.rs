@@ -148,9 +148,16 @@ fn a_password_comes_from_pgpassword_or_the_password_file() {
     assert_eq!(code, 0, "{text}");
 
     // A password file others may read is ignored, as libpq ignores it.
+    // The library's warning says why, on stderr, as one `dbmutex:` line.
     write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o644);
     let (code, text) = run(&url, &[], &home, None);
     assert_eq!(code, 69, "{text}");
+    let pgpass = home.join(".pgpass");
+    let warning = format!(
+        "dbmutex: the password file has group or world access and is ignored; permissions should be u=rw (0600) or less (file={})",
+        pgpass.display()
+    );
+    assert!(text.lines().any(|l| l == warning), "{text}");
 }
 
 #[test]
@@ -206,5 +213,9 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     let (code, text) = run_with(&url, &[], &home, None);
     assert_eq!(code, 69, "{text}");
     assert!(text.contains("using password: NO"), "{text}");
+    assert!(
+        text.contains("dbmutex: the option file is world-writable and is ignored"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
