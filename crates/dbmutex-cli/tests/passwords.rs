@@ -219,3 +219,86 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A password rotated while `dbmutex run` waits: the waiter's session is
+/// ended, it reconnects, and it reads the password file again (as libpq
+/// does at each connect), so it gets in with the new password and gets the
+/// lock once the holder lets go. Read once at the start, it would send the
+/// old one until its bound and fail.
+#[test]
+fn a_waiter_that_reconnects_reads_the_rotated_password() {
+    let s = setup();
+    let port = s.pg.port();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let raw = rt.block_on(s.pg.raw());
+    let name = "pw-rotate";
+    let (k1, k2) = match dbmutex::key::pg_key(&name.into(), &dbmutex::Prefix::from_env()) {
+        dbmutex::key::PgKey::Pair(a, b) => (a, b),
+        other => panic!("{other:?}"),
+    };
+    rt.block_on(raw.execute("SELECT pg_advisory_lock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let home = s.dir.join("rotate-home");
+    std::fs::create_dir_all(&home).unwrap();
+    write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o600);
+    let mut waiter = Command::new(BIN)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .env(
+            "DBMUTEX_DATABASE_URL",
+            format!("postgres://cron@127.0.0.1:{port}/test?sslmode=disable"),
+        )
+        .args(["run", "-w", "20", name, "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let count = |sql: &str| -> i64 { rt.block_on(raw.query_one(sql, &[])).unwrap().get(0) };
+    let until = Instant::now() + Duration::from_secs(20);
+    while count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'cron' AND wait_event = 'advisory'")
+        < 1
+    {
+        assert!(Instant::now() < until, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The rotation: a new password on the server and in the file, and the
+    // waiter's sessions ended.
+    const NEW: &str = "Cr0n-pw-rotated-2b9f";
+    rt.block_on(raw.batch_execute(&format!("ALTER ROLE cron PASSWORD '{NEW}'")))
+        .unwrap();
+    write(&home.join(".pgpass"), &format!("*:*:*:cron:{NEW}\n"), 0o600);
+    let ended = count("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'cron'");
+    assert!(ended >= 1, "no session of the waiter to end");
+    // Back, with the new password, and waiting again.
+    let until = Instant::now() + Duration::from_secs(15);
+    while count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'cron' AND wait_event = 'advisory'")
+        < 1
+    {
+        assert!(
+            Instant::now() < until,
+            "the waiter did not come back (exited: {:?})",
+            waiter.try_wait().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = waiter.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < until, "the waiter did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        !err.contains(PASSWORD) && !err.contains(NEW),
+        "a password was printed: {err}"
+    );
+    assert!(status.success(), "{status}: {err}");
+}

@@ -25,7 +25,9 @@ impl Locker {
     /// else the password file (`PGPASSFILE`, else `~/.pgpass`, readable by
     /// its owner only; used only where it gives every host of the URL the
     /// same password); MySQL/MariaDB takes `MYSQL_PWD`, else the
-    /// `[client]` password of `~/.my.cnf`.
+    /// `[client]` password of `~/.my.cnf`. Both are read at each connect,
+    /// as the clients read them, so a reconnect after a password rotation
+    /// sends the new password.
     pub async fn connect(url: &str) -> Result<Locker> {
         Self::builder(url).connect().await
     }

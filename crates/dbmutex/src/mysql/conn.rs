@@ -31,6 +31,10 @@ const IDLE_MAX: usize = 8;
 /// Makes connections and keeps the clean ones for reuse.
 pub(crate) struct Connector {
     opts: Opts,
+    /// The URL named no password: each connect reads `MYSQL_PWD` or
+    /// `~/.my.cnf` again, as the clients do at each start, so a long-lived
+    /// locker that reconnects after a rotation sends the new one.
+    password_files: bool,
     connect_timeout: Duration,
     keepalive: Duration,
     idle: Arc<Idle<Conn>>,
@@ -75,12 +79,6 @@ impl Connector {
         let no_password = opts.pass().is_none();
         let mut builder =
             OptsBuilder::from_opts(opts).connect_attribute("program_name", &settings.application_name);
-        // No password in the URL: MYSQL_PWD or ~/.my.cnf's, as the clients.
-        if no_password {
-            if let Some(p) = super::mycnf::password(|k| std::env::var(k).ok()) {
-                builder = builder.pass(Some(p));
-            }
-        }
         // mysql_async switches a loopback TCP connection to the server's Unix
         // socket by default: an extra connect per lock, and holders would no
         // longer show the address the URL names. Keep what the URL says.
@@ -101,6 +99,7 @@ impl Connector {
         )]);
         Ok(Connector {
             opts: builder.into(),
+            password_files: no_password,
             connect_timeout: settings.connect_timeout,
             keepalive: settings.keepalive,
             // Unused past the locker's idle timeout, a connection is closed
@@ -110,9 +109,21 @@ impl Connector {
         })
     }
 
+    /// The options to connect with now: the URL's, with the password the
+    /// clients would send read again where the URL named none.
+    fn opts_now(&self) -> Opts {
+        if !self.password_files {
+            return self.opts.clone();
+        }
+        match super::mycnf::password(|k| std::env::var(k).ok()) {
+            Some(p) => OptsBuilder::from_opts(self.opts.clone()).pass(Some(p)).into(),
+            None => self.opts.clone(),
+        }
+    }
+
     /// Opens a new connection, bounded by the connect timeout.
     pub(crate) async fn connect(&self) -> Result<Conn> {
-        match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
+        match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts_now())).await {
             Ok(Ok(c)) => Ok(c),
             // A socket is named: it may be a default the URL did not say
             // (`mysql_default_host`).

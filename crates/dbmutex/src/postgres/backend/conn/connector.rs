@@ -31,6 +31,10 @@ pub(crate) struct Connector {
     /// timeout is twice it), as set on `config` for tokio-postgres's dials
     /// and applied to ours.
     keepalive: Duration,
+    /// The URL named no password: each connect reads `PGPASSWORD` or the
+    /// password file again, as libpq does, so a long-lived locker that
+    /// reconnects after a rotation sends the new one.
+    password_files: bool,
 }
 
 impl Connector {
@@ -89,9 +93,9 @@ impl Connector {
         };
         let mut c = Self::with_config(config, tls, settings);
         // No password given: PGPASSWORD or the password file, as libpq
-        // reads a URL. (Not for a `Config` the application built: it said
-        // what to send.)
-        super::pgpass::fill_password(&mut c.config, |k| std::env::var(k).ok());
+        // reads a URL, at each connect (`config_now`). (Not for a `Config`
+        // the application built: it said what to send.)
+        c.password_files = c.config.get_password().is_none_or(<[u8]>::is_empty);
         Ok(c)
     }
 
@@ -129,6 +133,7 @@ impl Connector {
             cleared: Arc::default(),
             dead_peer: settings.server_dead_peer_bound(),
             keepalive: ka,
+            password_files: false,
         }
     }
 
@@ -173,27 +178,35 @@ impl Connector {
         .await
     }
 
+    /// The configuration to connect with now: the parsed one, with the
+    /// password libpq would send read again where the URL named none.
+    fn config_now(&self) -> std::borrow::Cow<'_, Config> {
+        if !self.password_files {
+            return std::borrow::Cow::Borrowed(&self.config);
+        }
+        let mut config = self.config.clone();
+        super::pgpass::fill_password(&mut config, |k| std::env::var(k).ok());
+        std::borrow::Cow::Owned(config)
+    }
+
     /// A new connection, not claimed.
     async fn open(&self) -> Result<Arc<PgConn>> {
+        let config = self.config_now();
         if let Some(own) = self.own_dial() {
-            return self.connect_own(own).await;
+            return self.connect_own(own, &config).await;
         }
         #[cfg(unix)]
         if let Some(path) = self.own_unix() {
-            return self.connect_unix(path).await;
+            return self.connect_unix(path, &config).await;
         }
         match &self.tls {
             Tls::Off => {
-                let (client, conn) = self
-                    .config
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map_err(connect_err)?;
+                let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(connect_err)?;
                 Ok::<_, Error>(self.start(client, conn, None, None))
             }
             #[cfg(feature = "tls")]
             Tls::Rustls(t) => {
-                let (client, conn) = self.config.connect(t.clone()).await.map_err(connect_err)?;
+                let (client, conn) = config.connect(t.clone()).await.map_err(connect_err)?;
                 Ok::<_, Error>(self.start(client, conn, None, None))
             }
         }
@@ -230,7 +243,7 @@ impl Connector {
     /// libpq, which does not ask there, we save the round trip of asking);
     /// `require` asks, as tokio-postgres does, and fails.
     #[cfg(unix)]
-    async fn connect_unix(&self, path: std::path::PathBuf) -> Result<Arc<PgConn>> {
+    async fn connect_unix(&self, path: std::path::PathBuf, config: &Config) -> Result<Arc<PgConn>> {
         let connect = tokio::net::UnixStream::connect(&path);
         let stream = super::direct::within(self.config.get_connect_timeout(), connect)
             .await
@@ -249,12 +262,11 @@ impl Connector {
                 use tokio_postgres::tls::MakeTlsConnect;
                 let tls = <_ as MakeTlsConnect<tokio::net::UnixStream>>::make_tls_connect(&mut t.clone(), "")
                     .map_err(|e| Error::Connect(Box::new(e)))?;
-                let (client, conn) = self.config.connect_raw(stream, tls).await.map_err(connect_err)?;
+                let (client, conn) = config.connect_raw(stream, tls).await.map_err(connect_err)?;
                 return Ok(self.start(client, conn, None, Some(unix)));
             }
         }
-        let (client, conn) = self
-            .config
+        let (client, conn) = config
             .connect_raw(stream, tokio_postgres::NoTls)
             .await
             .map_err(connect_err)?;
@@ -266,7 +278,7 @@ impl Connector {
     /// TCP keepalive and user timeout), and starts the session over that
     /// socket: the connection then knows its own end of it (see
     /// `direct.rs`), which tokio-postgres's socket does not tell.
-    async fn connect_own(&self, (name, dialed): (&str, Dialed)) -> Result<Arc<PgConn>> {
+    async fn connect_own(&self, (name, dialed): (&str, Dialed), config: &Config) -> Result<Arc<PgConn>> {
         let mut addresses = dialed
             .addresses()
             .await
@@ -278,7 +290,7 @@ impl Connector {
         // server refusing the start) moves on to the next address.
         let mut last = None;
         for ip in addresses {
-            match self.connect_at((ip, dialed.port).into(), name).await {
+            match self.connect_at((ip, dialed.port).into(), name, config).await {
                 Ok(conn) => return Ok(conn),
                 Err(e) => last = Some(e),
             }
@@ -287,7 +299,12 @@ impl Connector {
     }
 
     /// [`connect_own`](Self::connect_own) at one address.
-    async fn connect_at(&self, addr: std::net::SocketAddr, name: &str) -> Result<Arc<PgConn>> {
+    async fn connect_at(
+        &self,
+        addr: std::net::SocketAddr,
+        name: &str,
+        config: &Config,
+    ) -> Result<Arc<PgConn>> {
         let stream = dial_one(addr, self.config.get_connect_timeout(), self.keepalive)
             .await
             .map_err(|e| Error::Connect(Box::new(e)))?;
@@ -298,8 +315,7 @@ impl Connector {
         };
         match &self.tls {
             Tls::Off => {
-                let (client, conn) = self
-                    .config
+                let (client, conn) = config
                     .connect_raw(stream, tokio_postgres::NoTls)
                     .await
                     .map_err(connect_err)?;
@@ -311,7 +327,7 @@ impl Connector {
                 let tls =
                     <_ as MakeTlsConnect<tokio::net::TcpStream>>::make_tls_connect(&mut t.clone(), name)
                         .map_err(|e| Error::Connect(Box::new(e)))?;
-                let (client, conn) = self.config.connect_raw(stream, tls).await.map_err(connect_err)?;
+                let (client, conn) = config.connect_raw(stream, tls).await.map_err(connect_err)?;
                 Ok(self.start(client, conn, Some(ends), None))
             }
         }
