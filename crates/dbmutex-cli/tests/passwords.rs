@@ -302,3 +302,92 @@ fn a_waiter_that_reconnects_reads_the_rotated_password() {
     );
     assert!(status.success(), "{status}: {err}");
 }
+
+/// The same on MySQL/MariaDB: a waiter whose connection is killed after
+/// the password changed (server and `~/.my.cnf`) reconnects with the new
+/// one, waits on and gets the lock.
+#[test]
+fn a_mysql_waiter_that_reconnects_reads_the_rotated_password() {
+    let my = PrivateMariaDb::start(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut raw = rt.block_on(my.raw());
+    rt.block_on(raw.query_drop(format!(
+        "CREATE USER 'cron'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT SELECT ON test.* TO 'cron'@'%'"
+    )))
+    .unwrap();
+    let name = "pw-rotate-my";
+    let lock = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
+    let got: Option<i64> = rt
+        .block_on(raw.query_first(format!("SELECT GET_LOCK('{lock}', 0)")))
+        .unwrap();
+    assert_eq!(got, Some(1));
+    let home = std::env::temp_dir().join(format!("dbmutex-passwords-rotate-my-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let cnf = home.join(".my.cnf");
+    write(&cnf, &format!("[client]\npassword = {PASSWORD}\n"), 0o600);
+    let mut waiter = Command::new(BIN)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &home)
+        .env(
+            "DBMUTEX_DATABASE_URL",
+            format!("mysql://cron@127.0.0.1:{}/test", my.port()),
+        )
+        .args(["run", "-w", "20", name, "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiting =
+        "SELECT count(*) FROM information_schema.processlist WHERE user = 'cron' AND state = 'User lock'";
+    let count = |raw: &mut mysql_async::Conn, sql: &str| -> i64 {
+        rt.block_on(raw.query_first::<i64, _>(sql)).unwrap().unwrap_or(0)
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while count(&mut raw, waiting) < 1 {
+        assert!(Instant::now() < until, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    const NEW: &str = "Cr0n-pw-rotated-my-5c";
+    rt.block_on(raw.query_drop(format!("ALTER USER 'cron'@'%' IDENTIFIED BY '{NEW}'")))
+        .unwrap();
+    write(&cnf, &format!("[client]\npassword = {NEW}\n"), 0o600);
+    let ids: Vec<u64> = rt
+        .block_on(raw.query("SELECT id FROM information_schema.processlist WHERE user = 'cron'"))
+        .unwrap();
+    assert!(!ids.is_empty(), "no connection of the waiter to kill");
+    for id in ids {
+        let _ = rt.block_on(raw.query_drop(format!("KILL {id}")));
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    while count(&mut raw, waiting) < 1 {
+        assert!(
+            Instant::now() < until,
+            "the waiter did not come back (exited: {:?})",
+            waiter.try_wait().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let released: Option<i64> = rt
+        .block_on(raw.query_first(format!("SELECT RELEASE_LOCK('{lock}')")))
+        .unwrap();
+    assert_eq!(released, Some(1));
+    let until = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = waiter.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < until, "the waiter did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    let _ = std::fs::remove_dir_all(&home);
+    assert!(
+        !err.contains(PASSWORD) && !err.contains(NEW),
+        "a password was printed: {err}"
+    );
+    assert!(status.success(), "{status}: {err}");
+}
