@@ -220,6 +220,54 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `dbmutex run -w 20 NAME -- true` as `cron` with `url` and `home`, its
+/// stderr piped: the waiter of the rotation tests.
+fn spawn_waiter(url: &str, home: &Path, name: &str) -> std::process::Child {
+    Command::new(BIN)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("DBMUTEX_DATABASE_URL", url)
+        .args(["run", "-w", "20", name, "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Until `waiting()` says the waiter waits in the server (`what`: at first,
+/// or again after the rotation), within 20 s.
+fn until_waiting(waiter: &mut std::process::Child, what: &str, mut waiting: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !waiting() {
+        assert!(
+            Instant::now() < until,
+            "the waiter did not {what} (exited: {:?})",
+            waiter.try_wait().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The waiter's exit, which must be a success within 15 s that printed
+/// neither password.
+fn finishes(mut waiter: std::process::Child, new: &str) {
+    let until = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = waiter.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < until, "the waiter did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        !err.contains(PASSWORD) && !err.contains(new),
+        "a password was printed: {err}"
+    );
+    assert!(status.success(), "{status}: {err}");
+}
+
 /// A password rotated while `dbmutex run` waits: the waiter's session is
 /// ended, it reconnects, and it reads the password file again (as libpq
 /// does at each connect), so it gets in with the new password and gets the
@@ -228,7 +276,6 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
 #[test]
 fn a_waiter_that_reconnects_reads_the_rotated_password() {
     let s = setup();
-    let port = s.pg.port();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -244,26 +291,13 @@ fn a_waiter_that_reconnects_reads_the_rotated_password() {
     let home = s.dir.join("rotate-home");
     std::fs::create_dir_all(&home).unwrap();
     write(&home.join(".pgpass"), &format!("*:*:*:cron:{PASSWORD}\n"), 0o600);
-    let mut waiter = Command::new(BIN)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", &home)
-        .env(
-            "DBMUTEX_DATABASE_URL",
-            format!("postgres://cron@127.0.0.1:{port}/test?sslmode=disable"),
-        )
-        .args(["run", "-w", "20", name, "--", "true"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let url = format!("postgres://cron@127.0.0.1:{}/test?sslmode=disable", s.pg.port());
+    let mut waiter = spawn_waiter(&url, &home, name);
     let count = |sql: &str| -> i64 { rt.block_on(raw.query_one(sql, &[])).unwrap().get(0) };
-    let until = Instant::now() + Duration::from_secs(20);
-    while count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'cron' AND wait_event = 'advisory'")
-        < 1
-    {
-        assert!(Instant::now() < until, "the waiter never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let waiting = || {
+        count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'cron' AND wait_event = 'advisory'") > 0
+    };
+    until_waiting(&mut waiter, "queue", waiting);
     // The rotation: a new password on the server and in the file, and the
     // waiter's sessions ended.
     const NEW: &str = "Cr0n-pw-rotated-2b9f";
@@ -273,34 +307,10 @@ fn a_waiter_that_reconnects_reads_the_rotated_password() {
     let ended = count("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = 'cron'");
     assert!(ended >= 1, "no session of the waiter to end");
     // Back, with the new password, and waiting again.
-    let until = Instant::now() + Duration::from_secs(15);
-    while count("SELECT count(*) FROM pg_stat_activity WHERE usename = 'cron' AND wait_event = 'advisory'")
-        < 1
-    {
-        assert!(
-            Instant::now() < until,
-            "the waiter did not come back (exited: {:?})",
-            waiter.try_wait().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_waiting(&mut waiter, "come back", waiting);
     rt.block_on(raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&k1, &k2]))
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = waiter.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < until, "the waiter did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(
-        !err.contains(PASSWORD) && !err.contains(NEW),
-        "a password was printed: {err}"
-    );
-    assert!(status.success(), "{status}: {err}");
+    finishes(waiter, NEW);
 }
 
 /// The same on MySQL/MariaDB: a waiter whose connection is killed after
@@ -328,28 +338,16 @@ fn a_mysql_waiter_that_reconnects_reads_the_rotated_password() {
     std::fs::create_dir_all(&home).unwrap();
     let cnf = home.join(".my.cnf");
     write(&cnf, &format!("[client]\npassword = {PASSWORD}\n"), 0o600);
-    let mut waiter = Command::new(BIN)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", &home)
-        .env(
-            "DBMUTEX_DATABASE_URL",
-            format!("mysql://cron@127.0.0.1:{}/test", my.port()),
-        )
-        .args(["run", "-w", "20", name, "--", "true"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let waiting =
+    let mut waiter = spawn_waiter(&format!("mysql://cron@127.0.0.1:{}/test", my.port()), &home, name);
+    let waiting_sql =
         "SELECT count(*) FROM information_schema.processlist WHERE user = 'cron' AND state = 'User lock'";
-    let count = |raw: &mut mysql_async::Conn, sql: &str| -> i64 {
-        rt.block_on(raw.query_first::<i64, _>(sql)).unwrap().unwrap_or(0)
+    let waiting = |raw: &mut mysql_async::Conn| {
+        rt.block_on(raw.query_first::<i64, _>(waiting_sql))
+            .unwrap()
+            .unwrap_or(0)
+            > 0
     };
-    let until = Instant::now() + Duration::from_secs(20);
-    while count(&mut raw, waiting) < 1 {
-        assert!(Instant::now() < until, "the waiter never queued");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_waiting(&mut waiter, "queue", || waiting(&mut raw));
     const NEW: &str = "Cr0n-pw-rotated-my-5c";
     rt.block_on(raw.query_drop(format!("ALTER USER 'cron'@'%' IDENTIFIED BY '{NEW}'")))
         .unwrap();
@@ -361,33 +359,11 @@ fn a_mysql_waiter_that_reconnects_reads_the_rotated_password() {
     for id in ids {
         let _ = rt.block_on(raw.query_drop(format!("KILL {id}")));
     }
-    let until = Instant::now() + Duration::from_secs(15);
-    while count(&mut raw, waiting) < 1 {
-        assert!(
-            Instant::now() < until,
-            "the waiter did not come back (exited: {:?})",
-            waiter.try_wait().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_waiting(&mut waiter, "come back", || waiting(&mut raw));
     let released: Option<i64> = rt
         .block_on(raw.query_first(format!("SELECT RELEASE_LOCK('{lock}')")))
         .unwrap();
     assert_eq!(released, Some(1));
-    let until = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = waiter.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < until, "the waiter did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    finishes(waiter, NEW);
     let _ = std::fs::remove_dir_all(&home);
-    assert!(
-        !err.contains(PASSWORD) && !err.contains(NEW),
-        "a password was printed: {err}"
-    );
-    assert!(status.success(), "{status}: {err}");
 }
