@@ -1821,6 +1821,36 @@ async fn a_unix_socket_to_the_postmaster_is_direct() {
     );
 }
 
+/// A read right after connect (`holders`, `is_locked`: `dbmutex status`'s
+/// first look) goes on the lock session, which holds nothing yet: the
+/// dead-peer `SET`s sent at connect do not keep it busy until their answer
+/// comes (they are queued, not awaited by a task holding the session), so
+/// no side connection is opened for the read. Over TCP and over the
+/// server's socket, each one server session in all.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_right_after_connect_keeps_one_connection() {
+    let pg = common::PrivatePg::start(&[("log_connections", "on")]);
+    for over in ["tcp", "unix"] {
+        let app = unique(&format!("read-at-connect-{over}"));
+        let url = match over {
+            "tcp" => format!("{}&application_name={app}", pg.url()),
+            _ => pg.socket_url(&app),
+        };
+        let locker = Locker::connect(&url).await.expect("connect");
+        let name = unique("read-at-connect");
+        assert!(locker.holders(name.as_str()).await.unwrap().is_empty());
+        assert!(!locker.is_locked(name.as_str()).await.unwrap());
+        let g = locker.lock(name.as_str()).await.unwrap();
+        g.release().await.unwrap();
+        let sessions = sessions_of(&pg, &app);
+        assert_eq!(
+            sessions, 1,
+            "{over}: the connect, two reads and a lock opened {sessions} server sessions"
+        );
+    }
+}
+
 /// A URL that names no server (`postgres://user@:port/db`) goes where
 /// libpq goes: the Unix socket in `/var/run/postgresql` where that
 /// directory exists (Debian's, Ubuntu's, Red Hat's packages), else in

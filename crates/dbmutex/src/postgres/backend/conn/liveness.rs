@@ -74,23 +74,17 @@ impl PgConn {
         if self.watched.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        let me = self.clone();
         let sql = watch_sql(self.dead_peer, self.server_major);
-        let mut send = Box::pin(async move {
-            if let Err(e) = me.client.simple_query(&sql).await {
-                tracing::debug!(error = %e, "dbmutex: could not set the server's dead-peer timeouts");
-            }
-        });
-        // The first poll queues the statement on the connection (ahead of
-        // the next one); the answer is awaited in the background.
-        let waker = std::task::Waker::noop();
-        if send
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(waker))
-            .is_pending()
-        {
-            drop(self.runtime.spawn(send));
-        }
+        // tokio-postgres queues a request on the connection when its future
+        // is first polled (ahead of whatever we send next); the answer is
+        // discarded once the future is gone. No task awaits it: one would
+        // hold the connection (a strong reference) until the answer came,
+        // and a read right after connect (`status`, a contended run's "held
+        // by") would find the lock session busy and open a second
+        // connection for itself. A SET that fails leaves the server's
+        // defaults, as before (that was logged at debug level only).
+        let send = std::pin::pin!(self.client.simple_query(&sql));
+        let _ = send.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
     }
 }
 
