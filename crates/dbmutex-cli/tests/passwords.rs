@@ -25,7 +25,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_dbmutex");
 const PASSWORD: &str = "Cr0n-pw-7d1e";
 
 /// A private server where `postgres` is trusted and `cron` must give its
-/// password, and a temp directory for password files (removed on drop).
+/// password, and a temp directory for password files (removed on drop),
+/// of this test's own (`tag`): the tests of this file run at once.
 struct Setup {
     pg: PrivatePg,
     dir: std::path::PathBuf,
@@ -37,7 +38,7 @@ impl Drop for Setup {
     }
 }
 
-fn setup() -> Setup {
+fn setup(tag: &str) -> Setup {
     let pg = PrivatePg::start(&[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -61,7 +62,7 @@ fn setup() -> Setup {
         assert!(Instant::now() < deadline, "pg_hba.conf not in force after 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let dir = std::env::temp_dir().join(format!("dbmutex-passwords-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("dbmutex-passwords-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     Setup { pg, dir }
 }
@@ -105,7 +106,7 @@ fn run_with(url: &str, env: &[(&str, &Path)], home: &Path, var: Option<(&str, &s
 
 #[test]
 fn a_password_comes_from_pgpassword_or_the_password_file() {
-    let s = setup();
+    let s = setup("sources");
     let port = s.pg.port();
     let url = format!("postgres://cron@127.0.0.1:{port}/test?sslmode=disable");
     let empty_home = s.dir.join("empty-home");
@@ -275,7 +276,7 @@ fn finishes(mut waiter: std::process::Child, new: &str) {
 /// old one until its bound and fail.
 #[test]
 fn a_waiter_that_reconnects_reads_the_rotated_password() {
-    let s = setup();
+    let s = setup("rotation");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
