@@ -368,3 +368,57 @@ fn a_mysql_waiter_that_reconnects_reads_the_rotated_password() {
     finishes(waiter, NEW);
     let _ = std::fs::remove_dir_all(&home);
 }
+
+/// A URL that names only the database (`postgres:///test`) goes where psql
+/// goes in the same environment: the host (an address, or a socket's
+/// directory), the port and the user from libpq's `PGHOST`, `PGPORT` and
+/// `PGUSER`, and that user's password from `PGPASSWORD`. `-v` says where
+/// the lock was taken; a port count that fits no host list is refused.
+#[test]
+fn a_url_with_only_a_database_takes_the_rest_from_libpqs_environment() {
+    let s = setup("environment");
+    let port = s.pg.port().to_string();
+    let home = s.dir.join("env-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let run = |vars: &[(&str, &str)]| -> (i32, String) {
+        let mut c = Command::new(BIN);
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("DBMUTEX_DATABASE_URL", "postgres:///test?sslmode=disable")
+            .args(["-v", "run", "pw-env", "--", "true"]);
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains(PASSWORD), "the password was printed: {err}");
+        (out.status.code().unwrap_or(-1), err)
+    };
+    // Over TCP, as cron, with its password.
+    let (code, err) = run(&[
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", &port),
+        ("PGUSER", "cron"),
+        ("PGPASSWORD", PASSWORD),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "acquired lock pw-env (exclusive) on postgres://cron@127.0.0.1:{port}/test"
+        )),
+        "{err}"
+    );
+    // Through the server's socket, in its own directory, as postgres.
+    let dir = s.pg.dir().display().to_string();
+    let (code, err) = run(&[("PGHOST", &dir), ("PGPORT", &port), ("PGUSER", "postgres")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(":{port}/test")) && err.contains("postgres@"),
+        "{err}"
+    );
+    // Three ports for two hosts: refused before connecting, as libpq does.
+    let (code, err) = run(&[("PGHOST", "127.0.0.1,127.0.0.2"), ("PGPORT", "1,2,3")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("3 port numbers for 2 hosts"), "{err}");
+}

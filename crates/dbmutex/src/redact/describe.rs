@@ -53,11 +53,12 @@ fn pg_target_only(rest: &str) -> Option<String> {
 
 #[cfg(feature = "postgres")]
 pub(super) fn describe_pg_url(rest: &str) -> Option<String> {
-    // No host: libpq's default socket directory, as the connection goes.
+    // What the URL leaves out as the connection fills it in: libpq's
+    // environment, else its default socket directory.
     let target = pg_target_only(rest)?;
     let (base, query) = target.split_once('?').unwrap_or((&target, ""));
     let kept: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
-    let filled = format!("{}?{query}", super::pg_fill_empty_hosts(base, &kept));
+    let filled = super::pg_locate(base, &kept, |k| std::env::var(k).ok()).ok()?;
     let mut config: tokio_postgres::Config = filled.parse().ok()?;
     super::pg_default_host(&mut config);
     Some(describe_pg_config(&config))

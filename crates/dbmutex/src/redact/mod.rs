@@ -44,7 +44,7 @@ pub(crate) use scheme::{file_url_path, UNPARSEABLE};
 #[cfg(feature = "mysql")]
 pub(crate) use scheme::{mysql_default_host, mysql_socket_param};
 #[cfg(feature = "postgres")]
-pub(crate) use scheme::{pg_default_host, pg_default_server, pg_fill_empty_hosts};
+pub(crate) use scheme::{pg_default_host, pg_default_server, pg_locate};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]

@@ -213,6 +213,136 @@ pub(crate) fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, 
     format!("{scheme}://{user}{}{path}", filled.join(",")).into()
 }
 
+#[cfg(feature = "postgres")]
+/// Where a PostgreSQL URL goes, as libpq reads it: what the URL leaves out
+/// is taken from libpq's environment, then each empty host is libpq's
+/// default socket directory ([`pg_fill_empty_hosts`]). `base` is the URL
+/// before its query, `query` its parameters, `env` reads an environment
+/// variable (`std::env::var` but in tests); the answer is the whole URL.
+///
+/// From the environment, as libpq takes it (an empty value counts as
+/// unset), each only where neither the URL nor a parameter says it:
+/// `PGHOST` (a list; a directory is a Unix socket's) where the URL names
+/// no host, else `PGHOSTADDR`; `PGPORT` (one port for all hosts, or one
+/// each) where no host names a port; `PGUSER`; `PGDATABASE`. So
+/// `postgres:///db` goes where `psql` goes in the same environment: the
+/// lock is on the server every other job of the host takes it on. A port
+/// count that matches neither one nor the hosts is refused, as libpq
+/// refuses it.
+pub(crate) fn pg_locate(
+    base: &str,
+    query: &[&str],
+    env: impl Fn(&str) -> Option<String>,
+) -> std::result::Result<String, String> {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let env = |k: &str| env(k).filter(|v| !v.is_empty());
+    let named = |k: &str| query.iter().any(|kv| kv.split('=').next() == Some(k));
+    let encode = |v: &str| utf8_percent_encode(v, NON_ALPHANUMERIC).to_string();
+    let mut extra: Vec<String> = Vec::new();
+    let mut located: Cow<'_, str> = base.into();
+    if let Some((scheme, rest)) = base.split_once("://") {
+        // As tokio-postgres reads it: the user part ends at the first '@',
+        // the host list at the next '/' or '?'.
+        let (user, after) = rest.split_at(rest.find('@').map_or(0, |i| i + 1));
+        let (hosts, path) = after.split_at(after.find(['/', '?']).unwrap_or(after.len()));
+        let user_name = user.trim_end_matches('@').split(':').next().unwrap_or("");
+        if user_name.is_empty() && !named("user") {
+            if let Some(u) = env("PGUSER") {
+                extra.push(format!("user={}", encode(&u)));
+            }
+        }
+        if path.trim_start_matches('/').is_empty() && !named("dbname") {
+            if let Some(d) = env("PGDATABASE") {
+                extra.push(format!("dbname={}", encode(&d)));
+            }
+        }
+        // The ports of `n` hosts: none, one for all, or one each.
+        let ports_for = |n: usize, ports: &str| -> std::result::Result<Vec<String>, String> {
+            let ports: Vec<String> = ports.split(',').map(str::to_owned).collect();
+            match ports.len() {
+                1 => Ok(vec![ports[0].clone(); n]),
+                m if m == n => Ok(ports),
+                m => Err(format!("{m} port numbers for {n} hosts (PGPORT)")),
+            }
+        };
+        let env_port = if named("port") { None } else { env("PGPORT") };
+        let has_port = |h: &str| match h.strip_prefix('[') {
+            Some(v6) => v6.contains("]:"),
+            None => h.contains(':'),
+        };
+        let unnamed = !hosts.contains(',')
+            && (hosts.is_empty() || hosts.starts_with(':'))
+            && !named("host")
+            && !named("hostaddr");
+        let url_port = hosts.strip_prefix(':');
+        let new_hosts = if unnamed {
+            if let Some(h) = env("PGHOST") {
+                // As parameters, one `host=` each (a directory is a
+                // socket's), and the port as one: the URL's own port, else
+                // PGPORT. Written in the URL's host list instead, each host
+                // would get a port of its own (5432 where none is given),
+                // and a `port` parameter would no longer match them.
+                let entries: Vec<&str> = h.split(',').collect();
+                for e in &entries {
+                    let e = if e.is_empty() { pg_default_server() } else { e };
+                    extra.push(format!("host={}", encode(e)));
+                }
+                match (url_port, &env_port) {
+                    (Some(p), _) => extra.push(format!("port={}", encode(p))),
+                    (None, Some(p)) => {
+                        ports_for(entries.len(), p)?;
+                        extra.push(format!("port={}", encode(p)));
+                    }
+                    (None, None) => {}
+                }
+                Some(String::new())
+            } else {
+                let addr = env("PGHOSTADDR");
+                if let Some(a) = &addr {
+                    extra.push(format!("hostaddr={}", encode(a)));
+                }
+                // No host list at all, or a port alone (`@:6543`): the
+                // port as a parameter, so that no empty host is made.
+                match (url_port, &env_port) {
+                    (Some(p), _) if addr.is_some() => {
+                        extra.push(format!("port={}", encode(p)));
+                        Some(String::new())
+                    }
+                    (None, Some(p)) => {
+                        extra.push(format!("port={}", encode(p)));
+                        None
+                    }
+                    _ => None,
+                }
+            }
+        } else {
+            match &env_port {
+                Some(p) if !hosts.is_empty() && !hosts.split(',').any(has_port) => {
+                    let entries: Vec<&str> = hosts.split(',').collect();
+                    let ports = ports_for(entries.len(), p)?;
+                    let list: Vec<String> = entries
+                        .iter()
+                        .zip(&ports)
+                        .map(|(h, p)| format!("{h}:{p}"))
+                        .collect();
+                    Some(list.join(","))
+                }
+                _ => None,
+            }
+        };
+        if let Some(h) = new_hosts {
+            located = format!("{scheme}://{user}{h}{path}").into();
+        }
+    }
+    let params: Vec<&str> = query
+        .iter()
+        .copied()
+        .chain(extra.iter().map(String::as_str))
+        .collect();
+    let filled = pg_fill_empty_hosts(&located, &params);
+    Ok(format!("{filled}?{}", params.join("&")))
+}
+
 /// A file of credentials a database client reads (libpq's password file,
 /// MySQL's option file): its text, if it is a regular file whose mode has
 /// none of the `forbidden` bits (on Unix) — else `None`, with a warning
@@ -295,6 +425,103 @@ mod tests {
             pg_fill_empty_hosts("postgres://u@:6543/db", &["hostaddr=127.0.0.1"]),
             "postgres://u@:6543/db"
         );
+    }
+
+    /// The configuration a URL gives with the environment `vars`
+    /// (`pg_locate`, then libpq's socket where no host is left).
+    #[cfg(feature = "postgres")]
+    fn located(url: &str, vars: &[(&str, &str)]) -> std::result::Result<tokio_postgres::Config, String> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let query: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
+        let env = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let mut c: tokio_postgres::Config = pg_locate(base, &query, env)?
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        pg_default_host(&mut c);
+        Ok(c)
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn what_a_url_leaves_out_comes_from_libpqs_environment() {
+        let env = [
+            ("PGHOST", "db.example"),
+            ("PGPORT", "5444"),
+            ("PGUSER", "cron"),
+            ("PGDATABASE", "jobs"),
+        ];
+        // Nothing in the URL: all four.
+        let c = located("postgres://", &env).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("db.example".into())]);
+        assert_eq!(c.get_ports(), [5444]);
+        assert_eq!(c.get_user(), Some("cron"));
+        assert_eq!(c.get_dbname(), Some("jobs"));
+        let c = located("postgres:///", &env).unwrap();
+        assert_eq!(
+            (c.get_hosts()[0].clone(), c.get_dbname()),
+            (Host::Tcp("db.example".into()), Some("jobs"))
+        );
+        // What the URL says wins, each part on its own.
+        let c = located("postgres://me@h:6000/mine", &env).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("h".into())]);
+        assert_eq!(c.get_ports(), [6000]);
+        assert_eq!((c.get_user(), c.get_dbname()), (Some("me"), Some("mine")));
+        let c = located("postgres://me@h/mine", &env).unwrap();
+        assert_eq!(c.get_ports(), [5444], "PGPORT where no host names a port");
+        let c = located("postgres://@:6000/", &env).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("db.example".into())]);
+        assert_eq!(c.get_ports(), [6000], "the URL's port with PGHOST");
+        assert_eq!(c.get_user(), Some("cron"));
+        let c = located("postgres:///x?host=other&port=7&user=u&dbname=d", &env).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("other".into())]);
+        assert_eq!(c.get_ports(), [7]);
+        assert_eq!((c.get_user(), c.get_dbname()), (Some("u"), Some("d")));
+        // A host list with one port named: the others keep the default.
+        let c = located("postgres://a,b:6000/x", &env).unwrap();
+        assert_eq!(c.get_ports(), [5432, 6000]);
+        // Lists: one port for all hosts, or one each; else refused.
+        let c = located("postgres:///x", &[("PGHOST", "a,b"), ("PGPORT", "1")]).unwrap();
+        assert_eq!(c.get_hosts().len(), 2);
+        assert_eq!(c.get_ports(), [1], "one port, for every host");
+        let c = located("postgres:///x", &[("PGHOST", "a,b"), ("PGPORT", "1,2")]).unwrap();
+        assert_eq!(c.get_ports(), [1, 2]);
+        let e = located("postgres:///x", &[("PGHOST", "a,b"), ("PGPORT", "1,2,3")]).unwrap_err();
+        assert!(e.contains("3 port numbers for 2 hosts"), "{e}");
+        let e = located("postgres://a,b,c/x", &[("PGPORT", "1,2")]).unwrap_err();
+        assert!(e.contains("2 port numbers for 3 hosts"), "{e}");
+        // A directory in PGHOST is a socket's; an IPv6 address, bracketed.
+        let c = located(
+            "postgres:///x",
+            &[("PGHOST", "/run/pg sock,::1"), ("PGPORT", "5433")],
+        )
+        .unwrap();
+        assert_eq!(
+            c.get_hosts(),
+            [Host::Unix("/run/pg sock".into()), Host::Tcp("::1".into())]
+        );
+        // PGHOSTADDR without PGHOST; with PGPORT, or the URL's port.
+        let c = located(
+            "postgres:///x",
+            &[("PGHOSTADDR", "127.0.0.9"), ("PGPORT", "5555")],
+        )
+        .unwrap();
+        assert!(c.get_hosts().is_empty());
+        assert_eq!(
+            c.get_hostaddrs(),
+            ["127.0.0.9".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(c.get_ports(), [5555]);
+        let c = located("postgres://@:6000/x", &[("PGHOSTADDR", "127.0.0.9")]).unwrap();
+        assert!(c.get_hosts().is_empty());
+        assert_eq!(c.get_ports(), [6000]);
+        // No PGHOST: libpq's socket, on PGPORT's port.
+        let c = located("postgres:///x", &[("PGPORT", "5999")]).unwrap();
+        assert!(matches!(c.get_hosts(), [Host::Unix(_)]));
+        assert_eq!(c.get_ports(), [5999]);
+        // Empty values count as unset; values are escaped, not parsed.
+        let c = located("postgres:///x", &[("PGHOST", ""), ("PGUSER", "a&dbname=evil")]).unwrap();
+        assert!(matches!(c.get_hosts(), [Host::Unix(_)]));
+        assert_eq!((c.get_user(), c.get_dbname()), (Some("a&dbname=evil"), Some("x")));
     }
 
     #[cfg(feature = "mysql")]

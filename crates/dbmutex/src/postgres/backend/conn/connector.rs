@@ -46,7 +46,11 @@ impl Connector {
         let lower = with_scheme(url, "postgres");
         let (base, query) = lower.split_once('?').unwrap_or((&lower, ""));
         let mut kept = Vec::new();
-        let mut sslmode = "prefer".to_owned();
+        // libpq's default, unless its environment says another.
+        let mut sslmode = std::env::var("PGSSLMODE")
+            .ok()
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "prefer".to_owned());
         let mut rootcert = None;
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             match kv.split_once('=') {
@@ -62,7 +66,7 @@ impl Connector {
             // The value is not quoted: it may be the tail of a password.
             _ => {
                 return Err(Error::Config(
-                    "sslmode is not one of disable, allow, prefer, require, verify-ca, verify-full".into(),
+                    "sslmode (or PGSSLMODE) is not one of disable, allow, prefer, require, verify-ca, verify-full".into(),
                 ))
             }
         };
@@ -78,8 +82,10 @@ impl Connector {
         } else {
             "sslmode=require"
         });
-        let base = crate::redact::pg_fill_empty_hosts(base, &kept);
-        let rebuilt = format!("{base}?{}", kept.join("&"));
+        // What the URL leaves out, from libpq's environment (PGHOST, PGPORT,
+        // PGUSER, PGDATABASE), and libpq's socket for an empty host.
+        let rebuilt = crate::redact::pg_locate(base, &kept, |k| std::env::var(k).ok())
+            .map_err(|e| Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url))))?;
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
             Error::Config(format!(
                 "bad PostgreSQL URL {}: {}",
