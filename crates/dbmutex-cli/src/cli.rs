@@ -44,9 +44,9 @@ backend (this host only): lock files under env DBMUTEX_LOCK_DIR, else
 A URL without a password takes it as the database's own client does: PostgreSQL
 from env PGPASSWORD, else the password file (env PGPASSFILE, else ~/.pgpass);
 MySQL/MariaDB from env MYSQL_PWD, else ~/.my.cnf's [client] password. A
-PostgreSQL URL takes what else it leaves out from env PGHOST (else PGHOSTADDR),
-PGPORT, PGUSER, PGDATABASE and PGSSLMODE, as psql does: postgres:///db goes
-where psql goes in the same environment.
+PostgreSQL URL takes what else it leaves out from env PGHOST, PGHOSTADDR,
+PGPORT, PGUSER, PGDATABASE, PGSSLMODE, PGSSLROOTCERT and PGTARGETSESSIONATTRS,
+as psql does: postgres:///db goes where psql goes in the same environment.
 
 The command runs in a process group of its own. Signals dbmutex gets, a lost
 lock (SIGTERM, then SIGKILL after --kill-after) and dbmutex's own death, even by

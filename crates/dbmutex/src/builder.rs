@@ -19,9 +19,9 @@ impl Locker {
     ///
     /// What a URL leaves out is filled in as the database's own client
     /// fills it in. PostgreSQL first takes libpq's environment for each
-    /// part the URL does not say: `PGHOST` (else `PGHOSTADDR`), `PGPORT`,
-    /// `PGUSER`, `PGDATABASE`, `PGSSLMODE` (so `postgres:///db` goes where
-    /// psql goes). No host: the local server's Unix socket (PostgreSQL:
+    /// part the URL does not say: `PGHOST`, `PGHOSTADDR`, `PGPORT`,
+    /// `PGUSER`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
+    /// `PGTARGETSESSIONATTRS` (so `postgres:///db` goes where psql goes). No host: the local server's Unix socket (PostgreSQL:
     /// libpq's socket directory, `/var/run/postgresql` where it exists,
     /// else `/tmp`; MySQL/MariaDB: `/var/run/mysqld/mysqld.sock`, else
     /// `/tmp/mysql.sock`). No password: PostgreSQL takes `PGPASSWORD`,

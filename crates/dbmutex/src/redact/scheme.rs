@@ -223,12 +223,15 @@ pub(crate) fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, 
 /// From the environment, as libpq takes it (an empty value counts as
 /// unset), each only where neither the URL nor a parameter says it:
 /// `PGHOST` (a list; a directory is a Unix socket's) where the URL names
-/// no host, else `PGHOSTADDR`; `PGPORT` (one port for all hosts, or one
-/// each) where no host names a port; `PGUSER`; `PGDATABASE`. So
+/// no host; `PGHOSTADDR` (the address dialed, one per host); `PGPORT` (one
+/// port for all hosts, or one each) where the port is unset as libpq reads
+/// the URL (one host with no port or an empty one; never for a host list,
+/// whose ports libpq reads comma for comma); `PGUSER`; `PGDATABASE`;
+/// `PGTARGETSESSIONATTRS`. So
 /// `postgres:///db` goes where `psql` goes in the same environment: the
 /// lock is on the server every other job of the host takes it on. A port
-/// count that matches neither one nor the hosts is refused, as libpq
-/// refuses it.
+/// or address count that matches neither one (ports) nor the hosts is
+/// refused, as libpq refuses it.
 pub(crate) fn pg_locate(
     base: &str,
     query: &[&str],
@@ -256,25 +259,42 @@ pub(crate) fn pg_locate(
                 extra.push(format!("dbname={}", encode(&d)));
             }
         }
-        // The ports of `n` hosts: none, one for all, or one each.
-        let ports_for = |n: usize, ports: &str| -> std::result::Result<Vec<String>, String> {
-            let ports: Vec<String> = ports.split(',').map(str::to_owned).collect();
-            match ports.len() {
-                1 => Ok(vec![ports[0].clone(); n]),
-                m if m == n => Ok(ports),
+        // The ports of `n` hosts: one for all, or one each (as libpq pairs
+        // them); anything else is refused, as libpq refuses it.
+        let ports_fit = |n: usize, ports: &str| -> std::result::Result<(), String> {
+            match ports.split(',').count() {
+                m if m == 1 || m == n || n == 0 => Ok(()),
                 m => Err(format!("{m} port numbers for {n} hosts (PGPORT)")),
             }
         };
         let env_port = if named("port") { None } else { env("PGPORT") };
-        let has_port = |h: &str| match h.strip_prefix('[') {
-            Some(v6) => v6.contains("]:"),
-            None => h.contains(':'),
+        // libpq reads a URL's host list into its host option and, comma
+        // for comma, its port option: the port is unset (and PGPORT used)
+        // only for a single host with no port, or an empty one (`h:`).
+        let single = !hosts.contains(',');
+        let (host_part, port_part) = match hosts.strip_prefix('[') {
+            Some(v6) => match v6.split_once("]:") {
+                Some((_, p)) => (&hosts[..hosts.len() - p.len() - 1], Some(p)),
+                None => (hosts, None),
+            },
+            None => match hosts.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hosts, None),
+            },
         };
-        let unnamed = !hosts.contains(',')
-            && (hosts.is_empty() || hosts.starts_with(':'))
-            && !named("host")
-            && !named("hostaddr");
-        let url_port = hosts.strip_prefix(':');
+        let url_port = port_part.filter(|p| single && !p.is_empty());
+        let unnamed = single && host_part.is_empty() && !named("host") && !named("hostaddr");
+        // How many hosts the connection will have (for PGPORT's and
+        // PGHOSTADDR's counts).
+        let param_hosts = query
+            .iter()
+            .filter(|kv| kv.split('=').next() == Some("host"))
+            .count();
+        let mut host_count = if hosts.is_empty() {
+            param_hosts
+        } else {
+            hosts.split(',').count() + param_hosts
+        };
         let new_hosts = if unnamed {
             if let Some(h) = env("PGHOST") {
                 // As parameters, one `host=` each (a directory is a
@@ -283,6 +303,7 @@ pub(crate) fn pg_locate(
                 // would get a port of its own (5432 where none is given),
                 // and a `port` parameter would no longer match them.
                 let entries: Vec<&str> = h.split(',').collect();
+                host_count = entries.len();
                 for e in &entries {
                     let e = if e.is_empty() { pg_default_server() } else { e };
                     extra.push(format!("host={}", encode(e)));
@@ -290,46 +311,61 @@ pub(crate) fn pg_locate(
                 match (url_port, &env_port) {
                     (Some(p), _) => extra.push(format!("port={}", encode(p))),
                     (None, Some(p)) => {
-                        ports_for(entries.len(), p)?;
+                        ports_fit(entries.len(), p)?;
                         extra.push(format!("port={}", encode(p)));
                     }
                     (None, None) => {}
                 }
                 Some(String::new())
             } else {
-                let addr = env("PGHOSTADDR");
-                if let Some(a) = &addr {
-                    extra.push(format!("hostaddr={}", encode(a)));
-                }
-                // No host list at all, or a port alone (`@:6543`): the
-                // port as a parameter, so that no empty host is made.
+                // No host anywhere (libpq's socket, or PGHOSTADDR below):
+                // the port as a parameter, so that no empty host is made.
+                host_count = 0;
                 match (url_port, &env_port) {
-                    (Some(p), _) if addr.is_some() => {
+                    (Some(p), _) if env("PGHOSTADDR").is_some() => {
                         extra.push(format!("port={}", encode(p)));
                         Some(String::new())
                     }
                     (None, Some(p)) => {
                         extra.push(format!("port={}", encode(p)));
-                        None
+                        (!hosts.is_empty()).then(String::new)
                     }
                     _ => None,
                 }
             }
         } else {
             match &env_port {
-                Some(p) if !hosts.is_empty() && !hosts.split(',').any(has_port) => {
-                    let entries: Vec<&str> = hosts.split(',').collect();
-                    let ports = ports_for(entries.len(), p)?;
-                    let list: Vec<String> = entries
-                        .iter()
-                        .zip(&ports)
-                        .map(|(h, p)| format!("{h}:{p}"))
-                        .collect();
-                    Some(list.join(","))
+                // The host named by a parameter (`?host=`, `?hostaddr=`):
+                // PGPORT as a parameter.
+                Some(p) if hosts.is_empty() => {
+                    ports_fit(host_count, p)?;
+                    extra.push(format!("port={}", encode(p)));
+                    None
+                }
+                // One host in the URL with no port, or an empty one.
+                Some(p) if single && url_port.is_none() => {
+                    ports_fit(1, p)?;
+                    Some(format!("{host_part}:{p}"))
                 }
                 _ => None,
             }
         };
+        if !named("target_session_attrs") {
+            if let Some(t) = env("PGTARGETSESSIONATTRS") {
+                extra.push(format!("target_session_attrs={}", encode(&t)));
+            }
+        }
+        // PGHOSTADDR wherever no hostaddr is named, as libpq takes it: the
+        // address dialed for each host (one each), or the server itself.
+        if !named("hostaddr") {
+            if let Some(a) = env("PGHOSTADDR") {
+                let m = a.split(',').count();
+                if host_count > 0 && m != host_count {
+                    return Err(format!("{m} addresses for {host_count} hosts (PGHOSTADDR)"));
+                }
+                extra.push(format!("hostaddr={}", encode(&a)));
+            }
+        }
         if let Some(h) = new_hosts {
             located = format!("{scheme}://{user}{h}{path}").into();
         }
@@ -487,8 +523,50 @@ mod tests {
         assert_eq!(c.get_ports(), [1, 2]);
         let e = located("postgres:///x", &[("PGHOST", "a,b"), ("PGPORT", "1,2,3")]).unwrap_err();
         assert!(e.contains("3 port numbers for 2 hosts"), "{e}");
-        let e = located("postgres://a,b,c/x", &[("PGPORT", "1,2")]).unwrap_err();
-        assert!(e.contains("2 port numbers for 3 hosts"), "{e}");
+        // A host list in the URL: libpq reads its ports comma for comma,
+        // an empty one is 5432, and PGPORT is not used.
+        let c = located("postgres://a,b,c/x", &[("PGPORT", "1,2")]).unwrap();
+        assert_eq!(c.get_ports(), [5432, 5432, 5432]);
+        // One host with an empty port: unset, so PGPORT.
+        let c = located("postgres://h:/x", &[("PGPORT", "6001")]).unwrap();
+        assert_eq!(c.get_ports(), [6001]);
+        let c = located("postgres://[::1]/x", &[("PGPORT", "6001")]).unwrap();
+        assert_eq!(
+            (c.get_hosts(), c.get_ports()),
+            (&[Host::Tcp("::1".into())][..], &[6001][..])
+        );
+        // The host named by a parameter: PGPORT as a parameter too.
+        let c = located("postgres:///x?host=/var/run/postgresql", &[("PGPORT", "5433")]).unwrap();
+        assert_eq!(c.get_ports(), [5433]);
+        let c = located("postgres:///x?hostaddr=10.0.0.5", &[("PGPORT", "5433")]).unwrap();
+        assert_eq!(c.get_ports(), [5433]);
+        // PGHOSTADDR beside a host, from the URL or PGHOST: the address
+        // dialed; counts must match.
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let c = located("postgres://db2/x", &[("PGHOSTADDR", "10.0.0.7")]).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("db2".into())]);
+        assert_eq!(c.get_hostaddrs(), [ip("10.0.0.7")]);
+        let c = located(
+            "postgres:///x",
+            &[("PGHOST", "db.internal"), ("PGHOSTADDR", "10.0.0.7")],
+        )
+        .unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("db.internal".into())]);
+        assert_eq!(c.get_hostaddrs(), [ip("10.0.0.7")]);
+        let e = located("postgres://a,b/x", &[("PGHOSTADDR", "10.0.0.7")]).unwrap_err();
+        assert!(e.contains("1 addresses for 2 hosts"), "{e}");
+        let c = located("postgres:///x?hostaddr=10.0.0.1", &[("PGHOSTADDR", "10.0.0.7")]).unwrap();
+        assert_eq!(c.get_hostaddrs(), [ip("10.0.0.1")], "a hostaddr named wins");
+        // PGTARGETSESSIONATTRS.
+        let c = located(
+            "postgres:///x",
+            &[("PGHOST", "a,b"), ("PGTARGETSESSIONATTRS", "read-write")],
+        )
+        .unwrap();
+        assert_eq!(
+            c.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
         // A directory in PGHOST is a socket's; an IPv6 address, bracketed.
         let c = located(
             "postgres:///x",

@@ -51,7 +51,7 @@ impl Connector {
             .ok()
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| "prefer".to_owned());
-        let mut rootcert = None;
+        let mut rootcert = std::env::var("PGSSLROOTCERT").ok().filter(|c| !c.is_empty());
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             match kv.split_once('=') {
                 Some(("sslmode", v)) => sslmode = v.to_owned(),
