@@ -28,6 +28,8 @@
 mod check;
 mod describe;
 mod etcd;
+#[cfg(feature = "postgres")]
+mod pg_locate;
 mod reasons;
 mod scheme;
 
@@ -35,6 +37,8 @@ use percent_encoding::utf8_percent_encode;
 
 use crate::types::split_scheme;
 use crate::types::BackendKind;
+#[cfg(feature = "postgres")]
+pub(crate) use pg_locate::{pg_default_host, pg_default_server, pg_locate};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use scheme::read_credentials_file;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
@@ -43,8 +47,6 @@ use scheme::PATH;
 pub(crate) use scheme::{file_url_path, UNPARSEABLE};
 #[cfg(feature = "mysql")]
 pub(crate) use scheme::{mysql_default_host, mysql_socket_param};
-#[cfg(feature = "postgres")]
-pub(crate) use scheme::{pg_default_host, pg_default_server, pg_locate};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]
