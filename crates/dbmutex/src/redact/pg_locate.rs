@@ -34,6 +34,23 @@ pub(crate) fn pg_default_host(config: &mut tokio_postgres::Config) {
     config.host(pg_default_server());
 }
 
+/// The parts of a URL after `scheme://` as tokio-postgres reads them: the
+/// user part (with its '@', ending at the first '@': a password may hold a
+/// '/'), the host list (to the next '/' or '?') and the rest.
+fn url_parts(rest: &str) -> (&str, &str, &str) {
+    let (user, after) = rest.split_at(rest.find('@').map_or(0, |i| i + 1));
+    let (hosts, path) = after.split_at(after.find(['/', '?']).unwrap_or(after.len()));
+    (user, hosts, path)
+}
+
+/// How many of the parameters `query` are named `key`.
+fn count_of(query: &[&str], key: &str) -> usize {
+    query
+        .iter()
+        .filter(|kv| kv.split('=').next() == Some(key))
+        .count()
+}
+
 /// `base` (a URL before its query, `query` its parameters) with each empty
 /// host of its host list (`postgres://user@:6543/db`, `@,other:5433`:
 /// tokio-postgres reads an empty host as a TCP host named "") replaced by
@@ -41,18 +58,14 @@ pub(crate) fn pg_default_host(config: &mut tokio_postgres::Config) {
 /// Unchanged where a `host` or `hostaddr` parameter names the server (they
 /// take the URL's place in libpq), and where there is no host list at all
 /// ([`pg_default_host`] then applies).
-pub(crate) fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, str> {
-    let named = |k: &str| query.iter().any(|kv| kv.split('=').next() == Some(k));
+fn pg_fill_empty_hosts<'a>(base: &'a str, query: &[&str]) -> Cow<'a, str> {
     let Some((scheme, rest)) = base.split_once("://") else {
         return base.into();
     };
-    if named("host") || named("hostaddr") {
+    if count_of(query, "host") + count_of(query, "hostaddr") > 0 {
         return base.into();
     }
-    // As tokio-postgres reads it: the user part ends at the first '@'
-    // (a password may hold a '/'), the host list at the next '/' or '?'.
-    let (user, rest) = rest.split_at(rest.find('@').map_or(0, |i| i + 1));
-    let (hosts, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let (user, hosts, path) = url_parts(rest);
     let empty = |h: &str| h.is_empty() || h.starts_with(':');
     if hosts.is_empty() || !hosts.split(',').any(empty) {
         return base.into();
@@ -96,15 +109,12 @@ pub(crate) fn pg_locate(
 ) -> std::result::Result<String, String> {
     use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
     let env = |k: &str| env(k).filter(|v| !v.is_empty());
-    let named = |k: &str| query.iter().any(|kv| kv.split('=').next() == Some(k));
+    let named = |k: &str| count_of(query, k) > 0;
     let encode = |v: &str| utf8_percent_encode(v, NON_ALPHANUMERIC).to_string();
     let mut extra: Vec<String> = Vec::new();
     let mut located: Cow<'_, str> = base.into();
     if let Some((scheme, rest)) = base.split_once("://") {
-        // As tokio-postgres reads it: the user part ends at the first '@',
-        // the host list at the next '/' or '?'.
-        let (user, after) = rest.split_at(rest.find('@').map_or(0, |i| i + 1));
-        let (hosts, path) = after.split_at(after.find(['/', '?']).unwrap_or(after.len()));
+        let (user, hosts, path) = url_parts(rest);
         let user_name = user.trim_end_matches('@').split(':').next().unwrap_or("");
         if user_name.is_empty() && !named("user") {
             if let Some(u) = env("PGUSER") {
@@ -143,10 +153,7 @@ pub(crate) fn pg_locate(
         let unnamed = single && host_part.is_empty() && !named("host") && !named("hostaddr");
         // How many hosts the connection will have (for PGPORT's and
         // PGHOSTADDR's counts).
-        let param_hosts = query
-            .iter()
-            .filter(|kv| kv.split('=').next() == Some("host"))
-            .count();
+        let param_hosts = count_of(query, "host");
         let mut host_count = if hosts.is_empty() {
             param_hosts
         } else {
@@ -244,8 +251,7 @@ mod tests {
     fn hosts(url: &str) -> Vec<Host> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let query: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
-        let filled = format!("{}?{}", pg_fill_empty_hosts(base, &query), query.join("&"));
-        let mut c: tokio_postgres::Config = filled.parse().unwrap();
+        let mut c: tokio_postgres::Config = pg_locate(base, &query, |_| None).unwrap().parse().unwrap();
         pg_default_host(&mut c);
         c.get_hosts().to_vec()
     }
