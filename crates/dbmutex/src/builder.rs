@@ -374,3 +374,11 @@ fn local(dir: Option<PathBuf>, settings: Settings, id: u64) -> Result<Arc<dyn En
     let b = crate::local::LocalBackend::new(dir, &settings)?;
     Ok(Arc::new(Pipeline::new(b, BackendKind::Local, settings, id)))
 }
+
+#[cfg(all(test, feature = "postgres"))]
+impl Settings {
+    /// The builder's defaults, for unit tests of what takes settings.
+    pub(crate) fn for_tests() -> Self {
+        LockerBuilder::new(Target::Local(None)).settings
+    }
+}

@@ -167,11 +167,10 @@ pub(crate) fn read_credentials_file(file: &std::path::Path, forbidden: u32, igno
     std::fs::read_to_string(file).ok()
 }
 
-#[cfg(all(test, unix))]
+#[cfg(all(test, unix, feature = "mysql"))]
 mod tests {
     use super::*;
 
-    #[cfg(feature = "mysql")]
     #[test]
     fn a_mysql_url_without_a_host_goes_to_the_local_socket() {
         let socket = if std::path::Path::new("/var/run/mysqld").is_dir() {
@@ -210,7 +209,6 @@ mod tests {
         assert_eq!(mysql_default_host("mysql://:3307"), None);
     }
 
-    #[cfg(feature = "mysql")]
     #[test]
     fn the_socket_parameter_is_read_as_mysql_async_reads_it() {
         assert_eq!(mysql_socket_param("mysql://h/db"), None);

@@ -42,16 +42,22 @@ impl Connector {
     /// `prefer` (the default) and `require` encrypt without verifying the
     /// certificate; `verify-ca` and `verify-full` verify it (against
     /// `sslrootcert` if given, else the Mozilla roots) and the host name.
+    /// What the URL leaves out comes from libpq's environment
+    /// (`redact::pg_locate`; `PGSSLMODE`, `PGSSLROOTCERT` here).
     pub(crate) fn from_url(url: &str, settings: &Settings) -> Result<Self> {
+        Self::from_url_in(url, settings, |k| std::env::var(k).ok())
+    }
+
+    /// [`from_url`](Self::from_url) in the environment `env` (the
+    /// process's but in tests).
+    fn from_url_in(url: &str, settings: &Settings, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         let lower = with_scheme(url, "postgres");
         let (base, query) = lower.split_once('?').unwrap_or((&lower, ""));
         let mut kept = Vec::new();
         // libpq's default, unless its environment says another.
-        let mut sslmode = std::env::var("PGSSLMODE")
-            .ok()
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| "prefer".to_owned());
-        let mut rootcert = std::env::var("PGSSLROOTCERT").ok().filter(|c| !c.is_empty());
+        let mut sslmode = env("PGSSLMODE").unwrap_or_else(|| "prefer".to_owned());
+        let mut rootcert = env("PGSSLROOTCERT");
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             match kv.split_once('=') {
                 Some(("sslmode", v)) => sslmode = v.to_owned(),
@@ -84,7 +90,7 @@ impl Connector {
         });
         // What the URL leaves out, from libpq's environment (PGHOST, PGPORT,
         // PGUSER, PGDATABASE), and libpq's socket for an empty host.
-        let rebuilt = crate::redact::pg_locate(base, &kept, |k| std::env::var(k).ok())
+        let rebuilt = crate::redact::pg_locate(base, &kept, env)
             .map_err(|e| Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url))))?;
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
             Error::Config(format!(
@@ -395,4 +401,65 @@ pub(crate) async fn bounded<T>(
 
 fn connect_err(e: tokio_postgres::Error) -> Error {
     Error::Connect(Box::new(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `from_url_in` with the environment `vars`.
+    fn parsed(url: &str, vars: &[(&str, &str)]) -> Result<Connector> {
+        let env = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        Connector::from_url_in(url, &Settings::for_tests(), env)
+    }
+
+    /// libpq's environment reaches the connection: the location
+    /// (`pg_locate`), the default sslmode and the CA file; the URL's own
+    /// parameters win.
+    #[test]
+    fn libpqs_environment_reaches_the_connection() {
+        let c = parsed(
+            "postgres:///jobs",
+            &[("PGHOST", "db.example"), ("PGPORT", "6432"), ("PGUSER", "cron")],
+        )
+        .unwrap();
+        assert_eq!(c.config.get_hosts(), [Host::Tcp("db.example".into())]);
+        assert_eq!(c.config.get_ports(), [6432]);
+        assert_eq!(c.config.get_user(), Some("cron"));
+        assert_eq!(c.config.get_dbname(), Some("jobs"));
+
+        let c = parsed("postgres://h/db", &[("PGSSLMODE", "disable")]).unwrap();
+        assert!(matches!(c.tls, Tls::Off), "PGSSLMODE=disable");
+        let c = parsed("postgres://h/db", &[("PGSSLMODE", "")]).unwrap();
+        assert_eq!(
+            matches!(c.tls, Tls::Off),
+            !cfg!(feature = "tls"),
+            "empty: libpq's default, prefer"
+        );
+        let c = parsed("postgres://h/db?sslmode=disable", &[("PGSSLMODE", "require")]).unwrap();
+        assert!(matches!(c.tls, Tls::Off), "the URL's sslmode wins");
+        let Err(Error::Config(e)) = parsed("postgres://h/db", &[("PGSSLMODE", "bogus")]) else {
+            panic!("a bad PGSSLMODE was taken");
+        };
+        assert!(e.contains("PGSSLMODE"), "{e}");
+        let Err(Error::Config(e)) = parsed("postgres:///db", &[("PGHOST", "a,b"), ("PGPORT", "1,2,3")])
+        else {
+            panic!("three ports for two hosts were taken");
+        };
+        assert!(e.contains("3 port numbers for 2 hosts"), "{e}");
+    }
+
+    /// PGSSLROOTCERT is the CA file of a verifying sslmode: one that is not
+    /// there fails the parse, as the URL's `sslrootcert` does.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn pgsslrootcert_is_the_ca_file() {
+        let missing = "/nonexistent/dbmutex-root.crt";
+        let vars = [("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", missing)];
+        let Err(Error::Config(e)) = parsed("postgres://h/db", &vars) else {
+            panic!("a missing PGSSLROOTCERT was not read");
+        };
+        assert!(e.contains("sslrootcert file"), "{e}");
+        assert!(parsed("postgres://h/db", &[("PGSSLMODE", "verify-full")]).is_ok());
+    }
 }
