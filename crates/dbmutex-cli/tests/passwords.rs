@@ -161,21 +161,25 @@ fn a_password_comes_from_pgpassword_or_the_password_file() {
     assert!(text.lines().any(|l| l == warning), "{text}");
 }
 
-#[test]
-fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
+/// A private MariaDB where user `cron` must give [`PASSWORD`], with a
+/// runtime and a raw root connection to it.
+fn mariadb_with_cron() -> (PrivateMariaDb, tokio::runtime::Runtime, mysql_async::Conn) {
     let my = PrivateMariaDb::start(&[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let mut raw = my.raw().await;
-        raw.query_drop(format!(
-            "CREATE USER 'cron'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT SELECT ON test.* TO 'cron'@'%'"
-        ))
-        .await
-        .unwrap();
-    });
+    let mut raw = rt.block_on(my.raw());
+    rt.block_on(raw.query_drop(format!(
+        "CREATE USER 'cron'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT SELECT ON test.* TO 'cron'@'%'"
+    )))
+    .unwrap();
+    (my, rt, raw)
+}
+
+#[test]
+fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
+    let (my, _rt, _raw) = mariadb_with_cron();
     let dir = std::env::temp_dir().join(format!("dbmutex-passwords-my-{}", std::process::id()));
     let (empty_home, home) = (dir.join("empty-home"), dir.join("home"));
     std::fs::create_dir_all(&empty_home).unwrap();
@@ -319,16 +323,7 @@ fn a_waiter_that_reconnects_reads_the_rotated_password() {
 /// one, waits on and gets the lock.
 #[test]
 fn a_mysql_waiter_that_reconnects_reads_the_rotated_password() {
-    let my = PrivateMariaDb::start(&[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut raw = rt.block_on(my.raw());
-    rt.block_on(raw.query_drop(format!(
-        "CREATE USER 'cron'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT SELECT ON test.* TO 'cron'@'%'"
-    )))
-    .unwrap();
+    let (my, rt, mut raw) = mariadb_with_cron();
     let name = "pw-rotate-my";
     let lock = dbmutex::key::mysql_lock_string(&name.into(), &dbmutex::Prefix::from_env()).unwrap();
     let got: Option<i64> = rt
