@@ -175,7 +175,7 @@ impl Error {
 /// whose words are already there is skipped, and a segment repeated right
 /// after itself is said once (mysql_async nests "Input/output error: " in
 /// two of its types).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -305,6 +305,11 @@ impl LockGuard {
             Ok(()) => {
                 tracing::debug!(name = %self.name, held_us = self.acquired_at.elapsed().as_micros() as u64, "dbmutex: released")
             }
+            // A lost lock has nothing to release: the error says so to
+            // the caller, and the loss was told where it was watched.
+            Err(e @ Error::LockLost { .. }) => {
+                tracing::debug!(name = %self.name, error = %e, "dbmutex: release of a lost lock")
+            }
             Err(e) => {
                 tracing::warn!(name = %self.name, error = %e, "dbmutex: release failed; connection closed")
             }

@@ -363,7 +363,7 @@ impl PgConn {
                     // Ended itself: the statement landed on that very session.
                     Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, pid = c.pid, "dbmutex: could not end our former server session; its locks stay until the pooler closes it")
+                        tracing::warn!(error = %crate::error::chain(&e), pid = c.pid, "dbmutex: could not end our former server session; its locks stay until the pooler closes it")
                     }
                 }
             }

@@ -196,7 +196,10 @@ impl PgConn {
                     // Notices and notifications: nothing for us.
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
-                        tracing::warn!(error = %e, "dbmutex: PostgreSQL connection ended");
+                        // The server's own words ("FATAL: terminating
+                        // connection due to administrator command"), not
+                        // the driver's bare "db error".
+                        tracing::warn!(error = %crate::error::chain(&e), "dbmutex: PostgreSQL connection ended");
                         break;
                     }
                     None => break,
