@@ -205,6 +205,20 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     let (code, text) = run_with(&url, &[], &home, None);
     assert_eq!(code, 0, "{text}");
 
+    // A URL that names no user logs in as the clients would: the option
+    // file's `user`, else the login's name (before: as '', refused).
+    let no_user = format!("mysql://127.0.0.1:{}/test", my.port());
+    let (code, text) = run_with(&no_user, &[], &home, None);
+    assert_eq!(code, 0, "user = cron from ~/.my.cnf: {text}");
+    let login = Command::new("id").arg("-un").output().unwrap();
+    let login = String::from_utf8(login.stdout).unwrap().trim().to_owned();
+    let (code, text) = run_with(&no_user, &[], &empty_home, Some(("MYSQL_PWD", "wrong")));
+    assert_eq!(code, 69, "{text}");
+    assert!(
+        text.contains(&format!("user '{login}'@")),
+        "the login's name: {text}"
+    );
+
     // MYSQL_PWD before the file; the URL's own password before both.
     let (code, text) = run_with(&url, &[], &home, Some(("MYSQL_PWD", "wrong")));
     assert_eq!(code, 69, "MYSQL_PWD comes first: {text}");

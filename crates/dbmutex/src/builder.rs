@@ -28,7 +28,9 @@ impl Locker {
     /// else the password file (`PGPASSFILE`, else `~/.pgpass`, readable by
     /// its owner only; used only where it gives every host of the URL the
     /// same password); MySQL/MariaDB takes `MYSQL_PWD`, else the
-    /// `[client]` password of `~/.my.cnf`. Both are read at each connect,
+    /// `[client]` password of `~/.my.cnf`. No user: MySQL/MariaDB takes
+    /// the `[client]` user of `~/.my.cnf`, else the login's name (`root`
+    /// for the superuser), as the clients do. All are read at each connect,
     /// as the clients read them, so a reconnect after a password rotation
     /// sends the new password.
     pub async fn connect(url: &str) -> Result<Locker> {

@@ -35,6 +35,9 @@ pub(crate) struct Connector {
     /// `~/.my.cnf` again, as the clients do at each start, so a long-lived
     /// locker that reconnects after a rotation sends the new one.
     password_files: bool,
+    /// The URL named no user: each connect takes the one the clients
+    /// would log in as (`~/.my.cnf`'s, else the login's), not none.
+    default_user: bool,
     connect_timeout: Duration,
     keepalive: Duration,
     idle: Arc<Idle<Conn>>,
@@ -77,6 +80,7 @@ impl Connector {
         let query = mysql_url.split_once('?').map_or("", |(_, q)| q);
         let has_param = |p: &str| query.split('&').any(|kv| kv.split('=').next() == Some(p));
         let no_password = opts.pass().is_none();
+        let no_user = opts.user().is_none_or(str::is_empty);
         let mut builder =
             OptsBuilder::from_opts(opts).connect_attribute("program_name", &settings.application_name);
         // mysql_async switches a loopback TCP connection to the server's Unix
@@ -100,6 +104,7 @@ impl Connector {
         Ok(Connector {
             opts: builder.into(),
             password_files: no_password,
+            default_user: no_user,
             connect_timeout: settings.connect_timeout,
             keepalive: settings.keepalive,
             // Unused past the locker's idle timeout, a connection is closed
@@ -109,16 +114,24 @@ impl Connector {
         })
     }
 
-    /// The options to connect with now: the URL's, with the password the
-    /// clients would send read again where the URL named none.
+    /// The options to connect with now: the URL's, with the user and the
+    /// password the clients would send read again where the URL named
+    /// none (`mycnf`).
     fn opts_now(&self) -> Opts {
-        if !self.password_files {
+        if !self.password_files && !self.default_user {
             return self.opts.clone();
         }
-        match super::mycnf::password(|k| std::env::var(k).ok()) {
-            Some(p) => OptsBuilder::from_opts(self.opts.clone()).pass(Some(p)).into(),
-            None => self.opts.clone(),
+        let env = |k: &str| std::env::var(k).ok();
+        let mut b = OptsBuilder::from_opts(self.opts.clone());
+        if self.default_user {
+            b = b.user(super::mycnf::user(env));
         }
+        if self.password_files {
+            if let Some(p) = super::mycnf::password(env) {
+                b = b.pass(Some(p));
+            }
+        }
+        b.into()
     }
 
     /// Opens a new connection, bounded by the connect timeout.

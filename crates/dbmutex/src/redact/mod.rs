@@ -28,6 +28,8 @@
 mod check;
 mod describe;
 mod etcd;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod passwd;
 #[cfg(feature = "postgres")]
 mod pg_locate;
 mod reasons;
@@ -37,6 +39,10 @@ use percent_encoding::utf8_percent_encode;
 
 use crate::types::split_scheme;
 use crate::types::BackendKind;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) use passwd::effective_user;
+#[cfg(feature = "mysql")]
+pub(crate) use passwd::is_root;
 #[cfg(feature = "postgres")]
 pub(crate) use pg_locate::{pg_default_host, pg_default_server, pg_locate};
 #[cfg(any(feature = "postgres", feature = "mysql"))]

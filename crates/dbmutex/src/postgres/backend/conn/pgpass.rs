@@ -87,47 +87,8 @@ pub(super) fn fill_password(config: &mut Config, env: impl Fn(&str) -> Option<St
 
 /// The effective user's home directory in the password database
 /// (`getpwuid_r`), as libpq finds it when `HOME` is unset.
-#[cfg(unix)]
-#[allow(unsafe_code)]
 fn passwd_home() -> Option<PathBuf> {
-    use std::ffi::CStr;
-    use std::os::unix::ffi::OsStrExt;
-    let mut size = 1024;
-    loop {
-        let mut buf = vec![0u8; size];
-        // SAFETY: all-zero is a valid `passwd` (null pointers, zero ids).
-        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut found: *mut libc::passwd = std::ptr::null_mut();
-        // SAFETY: `entry`, `buf` (of `size` bytes) and `found` are valid
-        // and writable for the call; the strings it fills in point into
-        // `buf`, which outlives their use below.
-        let rc = unsafe {
-            libc::getpwuid_r(
-                libc::geteuid(),
-                &mut entry,
-                buf.as_mut_ptr().cast(),
-                size,
-                &mut found,
-            )
-        };
-        if rc == libc::ERANGE && size < 1 << 20 {
-            size *= 4;
-            continue;
-        }
-        if rc != 0 || found.is_null() || entry.pw_dir.is_null() {
-            return None;
-        }
-        // SAFETY: a non-null `pw_dir` of a found entry is a NUL-terminated
-        // string in `buf`.
-        let dir = unsafe { CStr::from_ptr(entry.pw_dir) };
-        let dir = std::ffi::OsStr::from_bytes(dir.to_bytes());
-        return (!dir.is_empty()).then(|| PathBuf::from(dir));
-    }
-}
-
-#[cfg(not(unix))]
-fn passwd_home() -> Option<PathBuf> {
-    None
+    crate::redact::effective_user().and_then(|e| e.home)
 }
 
 /// How the password file names `host`: a Unix socket in libpq's default
@@ -236,24 +197,6 @@ mod tests {
         assert_eq!(l("db.example", "5432", "prod", "nobody"), None);
         assert_eq!(l("comment", "a", "b", "c"), None);
         assert_eq!(l("too", "few", "fields", ""), None);
-    }
-
-    /// The home of the password database's entry, as `/etc/passwd` has it
-    /// for this user (where the entry is there).
-    #[test]
-    fn the_home_without_home_is_the_password_databases() {
-        let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m));
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-        let listed = uid.ok().and_then(|uid| {
-            passwd.lines().find_map(|l| {
-                let f: Vec<&str> = l.split(':').collect();
-                (f.len() >= 7 && f[2] == uid.to_string()).then(|| PathBuf::from(f[5]))
-            })
-        });
-        let Some(listed) = listed else {
-            panic!("this user has no entry in /etc/passwd to compare with");
-        };
-        assert_eq!(passwd_home(), Some(listed));
     }
 
     fn filled(url: &str, vars: &[(&str, &str)]) -> Option<Vec<u8>> {
