@@ -219,6 +219,39 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
         "the login's name: {text}"
     );
 
+    // A URL that names no host goes where the clients go: the option
+    // file's host and port, else MYSQL_HOST and MYSQL_TCP_PORT (not the
+    // local socket, where this test's server does not listen).
+    let port = my.port().to_string();
+    let place: [(&str, &Path); 2] = [
+        ("MYSQL_HOST", Path::new("127.0.0.1")),
+        ("MYSQL_TCP_PORT", Path::new(&port)),
+    ];
+    let (code, text) = run_with("mysql:///test", &place, &home, None);
+    assert_eq!(code, 0, "MYSQL_HOST and MYSQL_TCP_PORT: {text}");
+    let (code, text) = run_with("mysql://cron@/test", &[], &empty_home, None);
+    assert_eq!(code, 69, "the local socket, not this test's server: {text}");
+    write(
+        &cnf,
+        &format!("[client]\nuser = cron\npassword = \"{PASSWORD}\"\nhost = 127.0.0.1\nport = {port}\n"),
+        0o600,
+    );
+    let (code, text) = run_with(
+        "mysql:///test",
+        &[("MYSQL_TCP_PORT", Path::new("1"))],
+        &home,
+        None,
+    );
+    assert_eq!(
+        code, 0,
+        "the option file's host and port, before the environment's: {text}"
+    );
+    write(
+        &cnf,
+        &format!("[mysqld]\npassword = wrong\n[client]\nuser = cron\npassword = \"{PASSWORD}\"\n"),
+        0o600,
+    );
+
     // MYSQL_PWD before the file; the URL's own password before both.
     let (code, text) = run_with(&url, &[], &home, Some(("MYSQL_PWD", "wrong")));
     assert_eq!(code, 69, "MYSQL_PWD comes first: {text}");

@@ -21,7 +21,10 @@ impl Locker {
     /// fills it in. PostgreSQL first takes libpq's environment for each
     /// part the URL does not say: `PGHOST`, `PGHOSTADDR`, `PGPORT`,
     /// `PGUSER`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
-    /// `PGTARGETSESSIONATTRS` (so `postgres:///db` goes where psql goes). No host: the local server's Unix socket (PostgreSQL:
+    /// `PGTARGETSESSIONATTRS` (so `postgres:///db` goes where psql goes);
+    /// MySQL/MariaDB the `host`, `port` and `socket` of `~/.my.cnf`'s
+    /// `[client]` group, else `MYSQL_HOST`, `MYSQL_TCP_PORT` and
+    /// `MYSQL_UNIX_PORT`, as the `mysql` client does. No host: the local server's Unix socket (PostgreSQL:
     /// libpq's socket directory, `/var/run/postgresql` where it exists,
     /// else `/tmp`; MySQL/MariaDB: `/var/run/mysqld/mysqld.sock`, else
     /// `/tmp/mysql.sock`). No password: PostgreSQL takes `PGPASSWORD`,

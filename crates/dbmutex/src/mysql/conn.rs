@@ -71,7 +71,7 @@ impl Connector {
         let mysql_url = crate::redact::mysql_default_host(&mysql_url).ok_or_else(|| {
             Error::Config(format!(
                 "bad MySQL URL {}: a port with no host (the MySQL clients would ignore it and use the local \
-                 socket): name the host (mysql://user@127.0.0.1:PORT/db) or the socket (?socket=PATH)",
+                 socket): name the host (mysql://user@127.0.0.1:PORT/db, or MYSQL_HOST) or the socket (?socket=PATH)",
                 redact_url(url)
             ))
         })?;

@@ -28,6 +28,10 @@
 mod check;
 mod describe;
 mod etcd;
+#[cfg(feature = "mysql")]
+mod mysql_locate;
+#[cfg(feature = "mysql")]
+mod option_file;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod passwd;
 #[cfg(feature = "postgres")]
@@ -39,6 +43,10 @@ use percent_encoding::utf8_percent_encode;
 
 use crate::types::split_scheme;
 use crate::types::BackendKind;
+#[cfg(feature = "mysql")]
+pub(crate) use mysql_locate::{mysql_default_host, mysql_socket_param};
+#[cfg(feature = "mysql")]
+pub(crate) use option_file::{client_option, option_file};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use passwd::effective_user;
 #[cfg(feature = "mysql")]
@@ -51,8 +59,6 @@ pub(crate) use scheme::read_credentials_file;
 pub(crate) use scheme::with_scheme;
 use scheme::PATH;
 pub(crate) use scheme::{file_url_path, UNPARSEABLE};
-#[cfg(feature = "mysql")]
-pub(crate) use scheme::{mysql_default_host, mysql_socket_param};
 
 pub(crate) use check::check;
 #[cfg(feature = "postgres")]
