@@ -2,8 +2,8 @@
 //! Where `dbmutex run` finds a password the URL does not carry, as the
 //! databases' own clients do — so a cron job keeps it out of the URL and
 //! out of `ps`: on PostgreSQL `PGPASSWORD`, else the password file
-//! (`PGPASSFILE`, else `~/.pgpass`); on MySQL/MariaDB `MYSQL_PWD`, else
-//! `~/.my.cnf`'s `[client]` password. Real processes against private
+//! (`PGPASSFILE`, else `~/.pgpass`); on MySQL/MariaDB `~/.my.cnf`'s
+//! `[client]` password, else `MYSQL_PWD`. Real processes against private
 //! servers that ask user `cron` for its password over TCP.
 
 #[path = "../../dbmutex/tests/common/private.rs"]
@@ -229,8 +229,17 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     ];
     let (code, text) = run_with("mysql:///test", &place, &home, None);
     assert_eq!(code, 0, "MYSQL_HOST and MYSQL_TCP_PORT: {text}");
-    let (code, text) = run_with("mysql://cron@/test", &[], &empty_home, None);
-    assert_eq!(code, 69, "the local socket, not this test's server: {text}");
+    let (code, text) = run_with(
+        "mysql://cron@/test",
+        &[("MYSQL_UNIX_PORT", Path::new("/nonexistent/dbmutex-test.sock"))],
+        &empty_home,
+        None,
+    );
+    assert_eq!(code, 69, "{text}");
+    assert!(
+        text.contains("socket /nonexistent/dbmutex-test.sock"),
+        "no host named anywhere: the socket MYSQL_UNIX_PORT names: {text}"
+    );
     write(
         &cnf,
         &format!("[client]\nuser = cron\npassword = \"{PASSWORD}\"\nhost = 127.0.0.1\nport = {port}\n"),
@@ -252,9 +261,12 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
         0o600,
     );
 
-    // MYSQL_PWD before the file; the URL's own password before both.
+    // The file before MYSQL_PWD, as the clients' libraries take them;
+    // the URL's own password before both.
     let (code, text) = run_with(&url, &[], &home, Some(("MYSQL_PWD", "wrong")));
-    assert_eq!(code, 69, "MYSQL_PWD comes first: {text}");
+    assert_eq!(code, 0, "the option file comes first: {text}");
+    let (code, text) = run_with(&url, &[], &empty_home, Some(("MYSQL_PWD", "wrong")));
+    assert_eq!(code, 69, "MYSQL_PWD where the file has none: {text}");
     assert!(text.contains("using password: YES"), "{text}");
     let with_password = format!("mysql://cron:{PASSWORD}@127.0.0.1:{}/test", my.port());
     let (code, text) = run_with(&with_password, &[], &empty_home, Some(("MYSQL_PWD", "wrong")));

@@ -22,16 +22,17 @@ impl Locker {
     /// part the URL does not say: `PGHOST`, `PGHOSTADDR`, `PGPORT`,
     /// `PGUSER`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
     /// `PGTARGETSESSIONATTRS` (so `postgres:///db` goes where psql goes);
-    /// MySQL/MariaDB the `host`, `port` and `socket` of `~/.my.cnf`'s
-    /// `[client]` group, else `MYSQL_HOST`, `MYSQL_TCP_PORT` and
-    /// `MYSQL_UNIX_PORT`, as the `mysql` client does. No host: the local server's Unix socket (PostgreSQL:
+    /// MySQL/MariaDB, for a URL that names no host (nor `socket`), the
+    /// `host`, `port` and `socket` of `~/.my.cnf`'s `[client]` group,
+    /// else `MYSQL_HOST`, `MYSQL_TCP_PORT` and `MYSQL_UNIX_PORT`, as the
+    /// `mysql` client does. No host anywhere: the local server's Unix socket (PostgreSQL:
     /// libpq's socket directory, `/var/run/postgresql` where it exists,
     /// else `/tmp`; MySQL/MariaDB: `/var/run/mysqld/mysqld.sock`, else
     /// `/tmp/mysql.sock`). No password: PostgreSQL takes `PGPASSWORD`,
     /// else the password file (`PGPASSFILE`, else `~/.pgpass`, readable by
     /// its owner only; used only where it gives every host of the URL the
-    /// same password); MySQL/MariaDB takes `MYSQL_PWD`, else the
-    /// `[client]` password of `~/.my.cnf`. No user: MySQL/MariaDB takes
+    /// same password); MySQL/MariaDB takes the `[client]` password of
+    /// `~/.my.cnf`, else `MYSQL_PWD`. No user: MySQL/MariaDB takes
     /// the `[client]` user of `~/.my.cnf`, else the login's name (`root`
     /// for the superuser), as the clients do. All are read at each connect,
     /// as the clients read them, so a reconnect after a password rotation

@@ -1,38 +1,52 @@
 //! The MySQL and MariaDB clients' defaults for what a URL leaves out, as
 //! the `mysql`/`mariadb` clients read them:
 //!
-//! - the password: the `MYSQL_PWD` environment variable, else the
-//!   `password` option of the `[client]` group of the user's option file
-//!   (`~/.my.cnf`). So a cron job keeps its password out of the URL (and
-//!   out of `ps`) the way it already does for them;
-//! - the user: the `user` option of that group, else the login's name
-//!   (`root` for the superuser, else the password database's name for the
-//!   effective uid, else `USER` or `LOGNAME`).
+//! - the password: the `password` option of the `[client]` group of the
+//!   user's option file (`~/.my.cnf`), else the `MYSQL_PWD` environment
+//!   variable (the option file first, as both clients' libraries take it:
+//!   checked with Debian's `mariadb` 10.11, which logs in with the file's
+//!   password while `MYSQL_PWD` holds a wrong one). So a cron job keeps
+//!   its password out of the URL (and out of `ps`) the way it already
+//!   does for them;
+//! - the user: the `user` option of that group (an empty one counts as
+//!   none), else the login's name (`root` for the superuser, else the
+//!   password database's name for the effective uid, else `USER` or
+//!   `LOGNAME`; looked up once per process).
+//!
+//! Only `~/.my.cnf`'s `[client]` group is read: not the system's option
+//! files (`/etc/my.cnf`, `/etc/mysql/my.cnf`), nor the `[mysql]`,
+//! `[client-server]` or `[client-mariadb]` groups the clients also read.
 
 use crate::redact::{client_option, option_file};
 
 /// The password the clients would send, where the URL names none. `env`
 /// reads an environment variable (`std::env::var` but in tests).
 pub(super) fn password(env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(p) = env("MYSQL_PWD") {
-        return Some(p);
-    }
-    client_option(&option_file(&env)?, "password")
+    option_file(&env)
+        .and_then(|t| client_option(&t, "password"))
+        .or_else(|| env("MYSQL_PWD"))
 }
 
 /// The user the clients would log in as, where the URL names none (see
 /// the module's text).
 pub(super) fn user(env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(u) = option_file(&env).and_then(|t| client_option(&t, "user")) {
+    let named = option_file(&env).and_then(|t| client_option(&t, "user"));
+    if let Some(u) = named.filter(|u| !u.is_empty()) {
         return Some(u);
     }
-    // As the clients' `read_user_name`: the superuser is `root` whatever
-    // its entry's name (`sudo` keeps the caller's USER).
-    if crate::redact::is_root() {
-        return Some("root".into());
-    }
-    crate::redact::effective_user()
-        .and_then(|e| e.name)
+    // Looked up once: a password database behind NSS (LDAP, SSSD) may be
+    // slow, and every connect asks.
+    static LOGIN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    LOGIN
+        .get_or_init(|| {
+            // As the clients' `read_user_name`: the superuser is `root`
+            // whatever its entry's name (`sudo` keeps the caller's USER).
+            if crate::redact::is_root() {
+                return Some("root".into());
+            }
+            crate::redact::effective_user().and_then(|e| e.name)
+        })
+        .clone()
         .or_else(|| env("USER"))
         .or_else(|| env("LOGNAME"))
         .filter(|u| !u.is_empty())
@@ -54,17 +68,21 @@ mod tests {
         let home = dir.to_str().unwrap().to_owned();
         let with_home = |k: &str| (k == "HOME").then(|| home.clone());
         assert_eq!(user(with_home).as_deref(), Some("cron"));
-        let login = match crate::redact::is_root() {
-            true => Some("root".to_owned()),
-            false => crate::redact::effective_user().and_then(|e| e.name),
-        };
-        assert!(login.is_some(), "this user has a name");
-        assert_eq!(user(|_| None), login, "no option file: the login's name");
+        // The login's name as id(1) tells it (`root` for uid 0).
+        let id = std::process::Command::new("id").arg("-un").output().unwrap();
+        let login = String::from_utf8(id.stdout).unwrap().trim().to_owned();
+        assert_eq!(
+            user(|_| None).as_deref(),
+            Some(&*login),
+            "no option file: the login's name"
+        );
+        std::fs::write(dir.join(".my.cnf"), "[client]\nuser =\n").unwrap();
+        assert_eq!(user(with_home).as_deref(), Some(&*login), "an empty user is none");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn mysql_pwd_then_the_option_file() {
+    fn the_option_file_then_mysql_pwd() {
         let dir = std::env::temp_dir().join(format!("dbmutex-mycnf-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(".my.cnf"), "[client]\npassword=from-file\n").unwrap();
@@ -74,6 +92,11 @@ mod tests {
         };
         assert_eq!(
             password(env(vec![("MYSQL_PWD", "env".into()), ("HOME", home.clone())])).as_deref(),
+            Some("from-file"),
+            "the file first, as the clients"
+        );
+        assert_eq!(
+            password(env(vec![("MYSQL_PWD", "env".into())])).as_deref(),
             Some("env")
         );
         assert_eq!(

@@ -64,15 +64,17 @@ pub(crate) fn mysql_default_host(url: &str) -> Option<Cow<'_, str>> {
 /// clients fill it (see the module's text); `env` reads an environment
 /// variable (`HOME` finds the option file).
 ///
+/// - A URL that names a host, or a `socket` parameter, names the place:
+///   nothing is filled in (a host with no port is mysql_async's port
+///   3306, as it always was: an explicit URL does not move with the
+///   environment).
 /// - No host: the option file's `host`, else `MYSQL_HOST`, else
 ///   `localhost`. `localhost` goes to a Unix socket (off Unix: TCP): the
-///   URL's `socket`, else the option file's, else `MYSQL_UNIX_PORT`, else
-///   the local server's ([`MYSQL_SOCKETS`]), added as a `socket`
-///   parameter.
-/// - No port, where the place is not that socket (a host the URL names,
-///   `localhost` too, as mysql_async reaches it over TCP; or another host
-///   filled in): the option file's `port`, else `MYSQL_TCP_PORT` (else
-///   mysql_async's 3306).
+///   option file's `socket`, else `MYSQL_UNIX_PORT`, else the local
+///   server's ([`MYSQL_SOCKETS`]), added as a `socket` parameter. Another
+///   host goes over TCP, to the URL's port, else the option file's
+///   `port`, else `MYSQL_TCP_PORT` (read as the clients read it, its
+///   leading digits), else 3306.
 ///
 /// `None` for a port with no host that would go to the socket
 /// (`mysql://root@:3307/db` with no host named anywhere): the clients
@@ -93,39 +95,42 @@ pub(crate) fn mysql_locate<'a>(url: &'a str, env: &dyn Fn(&str) -> Option<String
         None => (authority, None),
     };
     let port = port.filter(|p| !p.is_empty());
-    if !host.is_empty() && port.is_some() {
+    let socket_named = mysql_socket_param(url).is_some();
+    if !host.is_empty() {
         return Some(url.into());
     }
-    let set = |v: Option<String>| v.filter(|v| !v.is_empty());
+    if socket_named {
+        // mysql_async goes to the socket whatever the host: `localhost`.
+        return match port {
+            Some(_) => None,
+            None => Some(format!("{}localhost{}", &url[..host_at], &url[end..]).into()),
+        };
+    }
+    let set = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
     let text = super::option_file(&env);
     let option = |name: &str| set(text.as_deref().and_then(|t| super::client_option(t, name)));
-    let named = !host.is_empty();
-    let host: Cow<'_, str> = match host {
-        "" => option("host")
-            .or_else(|| set(env("MYSQL_HOST")))
-            .map_or("localhost".into(), Cow::Owned),
-        h => h.into(),
-    };
-    // A `localhost` the URL names keeps going over TCP, as mysql_async
-    // takes it (and as it always went).
-    let socket = cfg!(unix) && !named && host == "localhost";
+    let host = option("host")
+        .or_else(|| set(env("MYSQL_HOST")))
+        .unwrap_or_else(|| "localhost".into());
+    let socket = cfg!(unix) && host == "localhost";
     if socket && port.is_some() {
         return None;
     }
-    let port = match (port, socket) {
-        (Some(p), _) => Some(p.to_owned()),
-        (None, true) => None,
-        (None, false) => option("port").or_else(|| set(env("MYSQL_TCP_PORT"))),
+    let port = match port {
+        Some(p) => Some(p.to_owned()),
+        None if socket => None,
+        None => option("port")
+            .or_else(|| set(env("MYSQL_TCP_PORT")))
+            .and_then(|p| leading_port(&p))
+            .map(|p| p.to_string()),
     };
-    let bracket = host.contains(':') && !host.starts_with('[');
     let mut out = String::with_capacity(url.len() + 48);
     out.push_str(&url[..host_at]);
-    match (bracket, named) {
-        (true, _) => out.push_str(&format!("[{host}]")),
-        (false, true) => out.push_str(&host),
-        // A filled-in host is one name: a `/`, `@` or `?` in it cannot
-        // end the host and move the rest into the database's name.
-        (false, false) => out.extend(utf8_percent_encode(&host, FIELD)),
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(v6) => out.push_str(&format!("[{v6}]")),
+        // One name: a `/`, `@`, `]` or `?` in it cannot end the host and
+        // move the rest into the database's name or a parameter.
+        Err(_) => out.extend(utf8_percent_encode(&host, FIELD)),
     }
     if let Some(p) = &port {
         out.push(':');
@@ -133,7 +138,7 @@ pub(crate) fn mysql_locate<'a>(url: &'a str, env: &dyn Fn(&str) -> Option<String
     }
     out.push_str(&url[end..]);
     #[cfg(unix)]
-    if socket && mysql_socket_param(&out).is_none() {
+    if socket {
         let path = option("socket")
             .or_else(|| set(env("MYSQL_UNIX_PORT")))
             .unwrap_or_else(|| mysql_socket().to_owned());
@@ -144,10 +149,16 @@ pub(crate) fn mysql_locate<'a>(url: &'a str, env: &dyn Fn(&str) -> Option<String
             &format!("{sep}socket={}", utf8_percent_encode(&path, PATH)),
         );
     }
-    Some(match out == url {
-        true => url.into(),
-        false => out.into(),
-    })
+    Some(out.into())
+}
+
+/// A port as the clients read `MYSQL_TCP_PORT` and an option file's
+/// `port` (`atoi`: the leading digits, after blanks); `None` where that
+/// is no port (none, 0, past 65535), so the next source counts.
+fn leading_port(s: &str) -> Option<u16> {
+    let s = s.trim_start();
+    let digits = &s[..s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len())];
+    digits.parse::<u16>().ok().filter(|&p| p != 0)
 }
 
 #[cfg(all(test, unix))]
@@ -203,7 +214,8 @@ mod tests {
     }
 
     /// `~/.my.cnf`'s `[client]` group, then `MYSQL_HOST`, `MYSQL_TCP_PORT`
-    /// and `MYSQL_UNIX_PORT`; the URL's own parts win.
+    /// and `MYSQL_UNIX_PORT`; a URL that names a host or a socket is left
+    /// as it is.
     #[test]
     fn the_option_file_then_the_environment_fill_the_place() {
         let dir = std::env::temp_dir().join(format!("dbmutex-mysql-locate-{}", std::process::id()));
@@ -228,19 +240,35 @@ mod tests {
             Some("mysql://[::1]/db")
         );
         assert_eq!(
-            locate("mysql://u@h/db", &tcp).as_deref(),
-            Some("mysql://u@h:3310/db"),
-            "a port for a named host"
-        );
-        assert_eq!(
-            locate("mysql://u@h:1/db", &tcp).as_deref(),
-            Some("mysql://u@h:1/db"),
-            "the URL's own"
-        );
-        assert_eq!(
             locate("mysql://u@:1/db", &tcp).as_deref(),
-            Some("mysql://u@db.example:1/db")
+            Some("mysql://u@db.example:1/db"),
+            "the URL's port"
         );
+        // A URL that names the place does not move with the environment.
+        for url in ["mysql://u@h/db", "mysql://u@h:1/db", "mysql://u@localhost/db"] {
+            assert_eq!(locate(url, &tcp).as_deref(), Some(url));
+        }
+        assert_eq!(
+            locate("mysql://u@/db?socket=/s", &tcp).as_deref(),
+            Some("mysql://u@localhost/db?socket=/s"),
+            "a socket named: the socket, not MYSQL_HOST"
+        );
+        assert_eq!(locate("mysql://u@:3307/db?socket=/s", &tcp), None);
+        // Ports as the clients read them: leading digits, else the next
+        // source.
+        for (value, want) in [
+            (" 3311", ":3311"),
+            ("3312x", ":3312"),
+            ("x", ""),
+            ("0", ""),
+            ("70000", ""),
+        ] {
+            assert_eq!(
+                locate("mysql://u@/db", &[("MYSQL_HOST", "h"), ("MYSQL_TCP_PORT", value)]).as_deref(),
+                Some(&*format!("mysql://u@h{want}/db")),
+                "{value:?}"
+            );
+        }
         assert_eq!(
             locate(
                 "mysql://u@/db",
@@ -253,15 +281,19 @@ mod tests {
             Some("mysql://u@localhost/db?socket=/srv/my%20sql.sock"),
             "localhost is the socket, whatever the TCP port"
         );
+        // A filled-in host is one name, whatever it holds.
         assert_eq!(
             locate("mysql://u@/db", &[("MYSQL_HOST", "h/x?y")]).as_deref(),
-            Some("mysql://u@h%2Fx%3Fy/db"),
-            "one name"
+            Some("mysql://u@h%2Fx%3Fy/db")
         );
         assert_eq!(
-            locate("mysql://u@/db", &[("MYSQL_HOST", "")]).as_deref(),
+            locate("mysql://u@/db", &[("MYSQL_HOST", "::1]/other?socket=/tmp/x#")]).as_deref(),
+            Some("mysql://u@%3A%3A1%5D%2Fother%3Fsocket%3D%2Ftmp%2Fx%23/db")
+        );
+        assert_eq!(
+            locate("mysql://u@/db", &[("MYSQL_HOST", " ")]).as_deref(),
             Some(&*format!("mysql://u@localhost/db?socket={}", default_socket())),
-            "empty is unset"
+            "blank is unset"
         );
         // The option file before the environment.
         std::fs::write(
@@ -277,10 +309,6 @@ mod tests {
         assert_eq!(
             locate("mysql://u@/db", &[("MYSQL_UNIX_PORT", "/srv/env.sock")]).as_deref(),
             Some("mysql://u@localhost/db?socket=/srv/file.sock")
-        );
-        assert_eq!(
-            locate("mysql://u@/db?socket=/s", &[]).as_deref(),
-            Some("mysql://u@localhost/db?socket=/s")
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -85,9 +85,17 @@ pub(crate) fn read_credentials_file(file: &std::path::Path, forbidden: u32, igno
             // Once per file and process: a locker reads it at each
             // connect, and a reconnecting waiter would repeat itself.
             static WARNED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
-            let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !warned.iter().any(|w| w == file) {
-                warned.push(file.to_owned());
+            let first = {
+                let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let first = !warned.iter().any(|w| w == file);
+                if first {
+                    warned.push(file.to_owned());
+                }
+                first
+            };
+            // Told outside the lock: a subscriber may describe a URL,
+            // which reads the option file again.
+            if first {
                 tracing::warn!(file = %file.display(), "dbmutex: {ignored}");
             }
             return None;
