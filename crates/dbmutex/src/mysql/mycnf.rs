@@ -34,19 +34,13 @@ pub(super) fn user(env: impl Fn(&str) -> Option<String>) -> Option<String> {
     if let Some(u) = named.filter(|u| !u.is_empty()) {
         return Some(u);
     }
-    // Looked up once: a password database behind NSS (LDAP, SSSD) may be
-    // slow, and every connect asks.
-    static LOGIN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    LOGIN
-        .get_or_init(|| {
-            // As the clients' `read_user_name`: the superuser is `root`
-            // whatever its entry's name (`sudo` keeps the caller's USER).
-            if crate::redact::is_root() {
-                return Some("root".into());
-            }
-            crate::redact::effective_user().and_then(|e| e.name)
-        })
-        .clone()
+    // As the clients' `read_user_name`: the superuser is `root` whatever
+    // its entry's name (`sudo` keeps the caller's USER).
+    if crate::redact::is_root() {
+        return Some("root".into());
+    }
+    crate::redact::effective_user()
+        .and_then(|e| e.name.clone())
         .or_else(|| env("USER"))
         .or_else(|| env("LOGNAME"))
         .filter(|u| !u.is_empty())

@@ -13,10 +13,18 @@ pub(crate) struct Entry {
     pub(crate) home: Option<PathBuf>,
 }
 
+/// The effective user's entry, looked up once per process: a password
+/// database behind NSS (LDAP, SSSD) may be slow, and every connect that
+/// needs it asks.
+pub(crate) fn effective_user() -> Option<&'static Entry> {
+    static ENTRY: std::sync::OnceLock<Option<Entry>> = std::sync::OnceLock::new();
+    ENTRY.get_or_init(lookup).as_ref()
+}
+
 /// The effective user's entry (`getpwuid_r(geteuid())`).
 #[cfg(unix)]
 #[allow(unsafe_code)]
-pub(crate) fn effective_user() -> Option<Entry> {
+fn lookup() -> Option<Entry> {
     use std::ffi::{CStr, OsStr};
     use std::os::unix::ffi::OsStrExt;
     let mut size = 1024;
@@ -59,7 +67,7 @@ pub(crate) fn effective_user() -> Option<Entry> {
 }
 
 #[cfg(not(unix))]
-pub(crate) fn effective_user() -> Option<Entry> {
+fn lookup() -> Option<Entry> {
     None
 }
 
@@ -98,6 +106,7 @@ mod tests {
         let e = effective_user().expect("an entry");
         assert_eq!(e.name, Some(name.clone()));
         assert_eq!(e.home, Some(home));
+        assert!(std::ptr::eq(e, effective_user().unwrap()), "looked up once");
         #[cfg(feature = "mysql")]
         assert_eq!(is_root(), name == "root");
     }

@@ -88,7 +88,7 @@ pub(super) fn fill_password(config: &mut Config, env: impl Fn(&str) -> Option<St
 /// The effective user's home directory in the password database
 /// (`getpwuid_r`), as libpq finds it when `HOME` is unset.
 fn passwd_home() -> Option<PathBuf> {
-    crate::redact::effective_user().and_then(|e| e.home)
+    crate::redact::effective_user().and_then(|e| e.home.clone())
 }
 
 /// How the password file names `host`: a Unix socket in libpq's default
