@@ -26,6 +26,18 @@ pub(crate) fn check(url: &str) -> Result<()> {
 }
 
 pub(super) fn pg_ambiguity(rest: &str) -> Option<&'static str> {
+    // Parameter names as tokio-postgres reads them (percent-decoded), not
+    // as dbmutex's own reading of the query string sees them (as
+    // written): `?%68ost=h` would be a host to the one, not to the other.
+    let from = rest.find('@').map_or(0, |i| i + 1);
+    if let Some(q) = rest[from..].find('?') {
+        let encoded = rest[from + q + 1..]
+            .split('&')
+            .any(|kv| kv.split('=').next().is_some_and(|k| k.contains('%')));
+        if encoded {
+            return Some("a parameter name is percent-encoded: write parameter names as plain text");
+        }
+    }
     let at = rest.find('@')?;
     if rest[at + 1..].contains('@') {
         return Some("more than one '@': percent-encode '@' in the user name, password or parameters as %40");
@@ -60,11 +72,19 @@ mod tests {
             "mysql://u:pa/secret@h/db",
             "mariadb://u:pa?secret@h/db",
             "mysql://u:pa#secret@h/db",
+            "postgres://u:secret@h/db?%68ost=x",
+            "postgres://h/db?sslmode=disable&%73slmode=secret",
         ] {
             let e = check(url).expect_err(url);
             let text = format!("{e} {e:?}");
             assert!(!text.contains("secret") && !text.contains("ss@"), "{text}");
             assert!(text.contains("percent-encode"), "{text}");
+        }
+        for url in [
+            "postgres://u:secret@h/db?x=1",
+            "postgres://u:p%25ss@h/db?application_name=a%20b",
+        ] {
+            check(url).expect(url);
         }
         for url in [
             "postgres://u:pa/se#cret@h/db",
