@@ -70,7 +70,9 @@ pub(super) fn describe_pg_url(_rest: &str) -> Option<String> {
 }
 
 /// `user@host:port,host2:port2/db` from a parsed configuration (its
-/// password is never read).
+/// password is never read), with `?hostaddr=a,b` where addresses are
+/// dialed in the hosts' place (the hosts then only name the servers, for
+/// TLS and the password file).
 #[cfg(feature = "postgres")]
 pub(crate) fn describe_pg_config(c: &tokio_postgres::Config) -> String {
     let mut out = String::new();
@@ -81,6 +83,10 @@ pub(crate) fn describe_pg_config(c: &tokio_postgres::Config) -> String {
     out.push_str(&hosts.join(","));
     if let Some(db) = c.get_dbname() {
         let _ = write!(out, "/{}", enc(db));
+    }
+    if !c.get_hosts().is_empty() && !c.get_hostaddrs().is_empty() {
+        let addrs: Vec<String> = c.get_hostaddrs().iter().map(ToString::to_string).collect();
+        let _ = write!(out, "?hostaddr={}", addrs.join(","));
     }
     out
 }
@@ -210,6 +216,11 @@ mod tests {
                 "postgres://me@h:7/db",
             ),
             ("postgres://a,b:6/db", "postgres://a:5432,b:6/db"),
+            (
+                "postgres://u:secret@db.example/db?hostaddr=127.0.0.2",
+                "postgres://u@db.example:5432/db?hostaddr=127.0.0.2",
+            ),
+            ("postgres:///db?hostaddr=::1", "postgres://[::1]:5432/db"),
             ("postgres://[::1]:5/db", "postgres://[::1]:5/db"),
             (
                 "postgres:///db?host=/run/postgresql",
