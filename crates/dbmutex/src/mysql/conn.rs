@@ -122,12 +122,14 @@ impl Connector {
             return self.opts.clone();
         }
         let env = |k: &str| std::env::var(k).ok();
+        // Read once: the user and the password come from one version of it.
+        let file = super::mycnf::option_file(&env);
         let mut b = OptsBuilder::from_opts(self.opts.clone());
         if self.default_user {
-            b = b.user(super::mycnf::user(env));
+            b = b.user(super::mycnf::user(file.as_deref(), env));
         }
         if self.password_files {
-            if let Some(p) = super::mycnf::password(env) {
+            if let Some(p) = super::mycnf::password(file.as_deref(), env) {
                 b = b.pass(Some(p));
             }
         }

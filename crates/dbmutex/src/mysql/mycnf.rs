@@ -17,20 +17,22 @@
 //! files (`/etc/my.cnf`, `/etc/mysql/my.cnf`), nor the `[mysql]`,
 //! `[client-server]` or `[client-mariadb]` groups the clients also read.
 
-use crate::redact::{client_option, option_file};
+use crate::redact::client_option;
+pub(super) use crate::redact::option_file;
 
-/// The password the clients would send, where the URL names none. `env`
-/// reads an environment variable (`std::env::var` but in tests).
-pub(super) fn password(env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    option_file(&env)
-        .and_then(|t| client_option(&t, "password"))
+/// The password the clients would send, where the URL names none, from
+/// the option file's text `file` (read once per connect, by the caller,
+/// for the user and the password alike) and the environment `env`
+/// (`std::env::var` but in tests).
+pub(super) fn password(file: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    file.and_then(|t| client_option(t, "password"))
         .or_else(|| env("MYSQL_PWD"))
 }
 
 /// The user the clients would log in as, where the URL names none (see
-/// the module's text).
-pub(super) fn user(env: impl Fn(&str) -> Option<String>) -> Option<String> {
-    let named = option_file(&env).and_then(|t| client_option(&t, "user"));
+/// the module's text; `file` and `env` as for [`password`]).
+pub(super) fn user(file: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let named = file.and_then(|t| client_option(t, "user"));
     if let Some(u) = named.filter(|u| !u.is_empty()) {
         return Some(u);
     }
@@ -61,18 +63,30 @@ mod tests {
         .unwrap();
         let home = dir.to_str().unwrap().to_owned();
         let with_home = |k: &str| (k == "HOME").then(|| home.clone());
-        assert_eq!(user(with_home).as_deref(), Some("cron"));
+        assert_eq!(
+            user(option_file(&with_home).as_deref(), with_home).as_deref(),
+            Some("cron")
+        );
         // The login's name as id(1) tells it (`root` for uid 0).
         let id = std::process::Command::new("id").arg("-un").output().unwrap();
         let login = String::from_utf8(id.stdout).unwrap().trim().to_owned();
         assert_eq!(
-            user(|_| None).as_deref(),
+            user(None, |_| None).as_deref(),
             Some(&*login),
             "no option file: the login's name"
         );
         std::fs::write(dir.join(".my.cnf"), "[client]\nuser =\n").unwrap();
-        assert_eq!(user(with_home).as_deref(), Some(&*login), "an empty user is none");
+        assert_eq!(
+            user(option_file(&with_home).as_deref(), with_home).as_deref(),
+            Some(&*login),
+            "an empty user is none"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// [`password`] as a connect calls it.
+    fn of_file(env: impl Fn(&str) -> Option<String>) -> Option<String> {
+        password(option_file(&env).as_deref(), env)
     }
 
     #[test]
@@ -85,25 +99,25 @@ mod tests {
             move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
         };
         assert_eq!(
-            password(env(vec![("MYSQL_PWD", "env".into()), ("HOME", home.clone())])).as_deref(),
+            of_file(env(vec![("MYSQL_PWD", "env".into()), ("HOME", home.clone())])).as_deref(),
             Some("from-file"),
             "the file first, as the clients"
         );
         assert_eq!(
-            password(env(vec![("MYSQL_PWD", "env".into())])).as_deref(),
+            of_file(env(vec![("MYSQL_PWD", "env".into())])).as_deref(),
             Some("env")
         );
         assert_eq!(
-            password(env(vec![("HOME", home.clone())])).as_deref(),
+            of_file(env(vec![("HOME", home.clone())])).as_deref(),
             Some("from-file")
         );
-        assert_eq!(password(env(vec![])), None);
+        assert_eq!(of_file(env(vec![])), None);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir.join(".my.cnf"), std::fs::Permissions::from_mode(0o666)).unwrap();
             assert_eq!(
-                password(env(vec![("HOME", home)])),
+                of_file(env(vec![("HOME", home)])),
                 None,
                 "world-writable: ignored"
             );
