@@ -90,11 +90,8 @@ impl PrivateMariaDb {
                 }
             }
         }
-        let mut create = Command::new("mariadb");
-        create
-            .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
-            .arg(format!("--port={}", my.port))
-            .args(["-e", "CREATE DATABASE test"]);
+        let mut create = my.client();
+        create.args(["-e", "CREATE DATABASE test"]);
         run(create, "CREATE DATABASE test", || my.log());
         my
     }
@@ -153,14 +150,28 @@ impl PrivateMariaDb {
         }
     }
 
+    /// The `mariadb` client, as root, through this server's own Unix
+    /// socket: never through the TCP port, which was only free when
+    /// [`free_port`] looked. Another test's server that won the port would
+    /// answer `SELECT 1` there while ours exits on "Address already in
+    /// use", and `CREATE DATABASE test` would then fail on it ("database
+    /// exists"). MariaDB binds its TCP port before it creates the socket
+    /// and stops if the bind fails, so the socket answering means the port
+    /// is ours as well.
+    fn client(&self) -> Command {
+        let mut cmd = Command::new("mariadb");
+        cmd.args(["--no-defaults", "-u", "root"])
+            .arg(format!("--socket={}", self.socket().display()));
+        cmd
+    }
+
     /// Polls with the `mariadb` client until the server answers (Ok), or
     /// the server process exits (Err, its status) or 120 s pass (panic).
     fn wait_until_up(&self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let ok = Command::new("mariadb")
-                .args(["--no-defaults", "-h", "127.0.0.1", "-u", "root"])
-                .arg(format!("--port={}", self.port))
+            let ok = self
+                .client()
                 .args(["-e", "SELECT 1"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
