@@ -48,7 +48,10 @@ MySQL/MariaDB URL without a user takes ~/.my.cnf's [client] user, else the
 login's name, and without a host ~/.my.cnf's host, port and socket, else env
 MYSQL_HOST, MYSQL_TCP_PORT and MYSQL_UNIX_PORT, as the mysql client does. A PostgreSQL URL takes what else it leaves out from env PGHOST, PGHOSTADDR,
 PGPORT, PGUSER, PGDATABASE, PGSSLMODE, PGSSLROOTCERT and PGTARGETSESSIONATTRS,
-as psql does: postgres:///db goes where psql goes in the same environment.
+as psql does, after the section of libpq's service file (~/.pg_service.conf,
+else pg_service.conf in env PGSYSCONFDIR or /etc/postgresql-common) that the
+URL's service=NAME or env PGSERVICE names: postgres:///db goes where psql goes
+in the same environment.
 
 The command runs in a process group of its own. Signals dbmutex gets, a lost
 lock (SIGTERM, then SIGKILL after --kill-after) and dbmutex's own death, even by

@@ -434,21 +434,8 @@ fn a_url_with_only_a_database_takes_the_rest_from_libpqs_environment() {
     let port = s.pg.port().to_string();
     let home = s.dir.join("env-home");
     std::fs::create_dir_all(&home).unwrap();
-    let run = |vars: &[(&str, &str)]| -> (i32, String) {
-        let mut c = Command::new(BIN);
-        c.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", &home)
-            .env("DBMUTEX_DATABASE_URL", "postgres:///test?sslmode=disable")
-            .args(["-v", "run", "pw-env", "--", "true"]);
-        for (k, v) in vars {
-            c.env(k, v);
-        }
-        let out = c.output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!err.contains(PASSWORD), "the password was printed: {err}");
-        (out.status.code().unwrap_or(-1), err)
-    };
+    let run =
+        |vars: &[(&str, &str)]| run_in_env(&home, "postgres:///test?sslmode=disable", &["pw-env"], vars);
     // Over TCP, as cron, with its password.
     let (code, err) = run(&[
         ("PGHOST", "127.0.0.1"),
@@ -475,4 +462,72 @@ fn a_url_with_only_a_database_takes_the_rest_from_libpqs_environment() {
     let (code, err) = run(&[("PGHOST", "127.0.0.1,127.0.0.2"), ("PGPORT", "1,2,3")]);
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("3 port numbers for 2 hosts"), "{err}");
+}
+
+/// libpq's service file: `service=` in the URL, else `PGSERVICE`, fills in
+/// what the URL leaves out, ahead of the environment; a service found
+/// nowhere is refused, never passed over (the lock would be on another
+/// server than psql's).
+#[test]
+fn a_service_names_the_server_as_in_libpq() {
+    let s = setup("service");
+    let port = s.pg.port().to_string();
+    let home = s.dir.join("svc-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join(".pg_service.conf"),
+        format!(
+            "# the cron jobs' server\n[locks]\nhost=127.0.0.1\nport={port}\nuser=cron\n\
+             password={PASSWORD}\ndbname=test\nsslmode=disable\n[closed]\nhost=127.0.0.1\nport=1\ndbname=test\n"
+        ),
+    )
+    .unwrap();
+    let run = |url: &str, vars: &[(&str, &str)]| run_in_env(&home, url, &["-w", "5", "pw-svc"], vars);
+    let there = format!("acquired lock pw-svc (exclusive) on postgres://cron@127.0.0.1:{port}/test");
+    // Named in the URL; the service's port beats PGPORT's.
+    let (code, err) = run("postgres://?service=locks", &[("PGPORT", "1")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&there), "{err}");
+    // Named by PGSERVICE.
+    let (code, err) = run("postgres:///", &[("PGSERVICE", "locks")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&there), "{err}");
+    // The URL's own host and port beat the service's.
+    let url = format!("postgres://127.0.0.1:{port}/?service=closed");
+    let (code, err) = run(&url, &[("PGUSER", "cron"), ("PGPASSWORD", PASSWORD)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run("postgres:///test?service=closed&sslmode=disable", &[]);
+    assert_eq!(code, 69, "the service's closed port was not dialed: {err}");
+    assert!(err.contains("127.0.0.1:1/test"), "{err}");
+    // A service found nowhere: refused before connecting.
+    let (code, err) = run(
+        "postgres:///test",
+        &[("PGSERVICE", "absent"), ("PGSYSCONFDIR", "/nonexistent")],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("definition of service \"absent\" not found"),
+        "{err}"
+    );
+}
+
+/// `dbmutex -v run LOCK_ARGS -- true` with only `PATH`, `HOME` (`home`),
+/// `DBMUTEX_DATABASE_URL` (`url`) and `vars` in its environment: its exit
+/// status and stderr, which must not hold the password.
+fn run_in_env(home: &std::path::Path, url: &str, lock_args: &[&str], vars: &[(&str, &str)]) -> (i32, String) {
+    let mut c = Command::new(BIN);
+    c.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("DBMUTEX_DATABASE_URL", url)
+        .args(["-v", "run"])
+        .args(lock_args)
+        .args(["--", "true"]);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains(PASSWORD), "the password was printed: {err}");
+    (out.status.code().unwrap_or(-1), err)
 }

@@ -21,7 +21,9 @@ impl Locker {
     /// fills it in. PostgreSQL first takes libpq's environment for each
     /// part the URL does not say: `PGHOST`, `PGHOSTADDR`, `PGPORT`,
     /// `PGUSER`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
-    /// `PGTARGETSESSIONATTRS` (so `postgres:///db` goes where psql goes);
+    /// `PGTARGETSESSIONATTRS`, and before them the section of libpq's
+    /// service file (`pg_service.conf`) that the URL's `service=NAME` or
+    /// `PGSERVICE` names (so `postgres:///db` goes where psql goes);
     /// MySQL/MariaDB, for a URL that names no host (nor `socket`), the
     /// `host`, `port` and `socket` of `~/.my.cnf`'s `[client]` group,
     /// else `MYSQL_HOST`, `MYSQL_TCP_PORT` and `MYSQL_UNIX_PORT`, as the

@@ -45,7 +45,7 @@ fn pg_target_only(rest: &str) -> Option<String> {
         .split('&')
         .filter(|kv| {
             let key = kv.split('=').next().unwrap_or_default();
-            matches!(key, "host" | "hostaddr" | "port" | "user" | "dbname")
+            matches!(key, "host" | "hostaddr" | "port" | "user" | "dbname" | "service")
         })
         .collect();
     Some(format!("postgres://{base}?{}", kept.join("&")))
@@ -57,8 +57,15 @@ pub(super) fn describe_pg_url(rest: &str) -> Option<String> {
     // environment, else its default socket directory.
     let target = pg_target_only(rest)?;
     let (base, query) = target.split_once('?').unwrap_or((&target, ""));
-    let kept: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
-    let filled = super::pg_locate(base, &kept, |k| std::env::var(k).ok()).ok()?;
+    let params: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
+    let env = |k: &str| std::env::var(k).ok();
+    // A service found nowhere: described without it (the error says so).
+    let service = super::pg_service(&params, &env).unwrap_or(None);
+    let kept: Vec<&str> = params
+        .into_iter()
+        .filter(|kv| !kv.starts_with("service="))
+        .collect();
+    let filled = super::pg_locate(base, &kept, super::layered(&service, env)).ok()?;
     let mut config: tokio_postgres::Config = filled.parse().ok()?;
     super::pg_default_host(&mut config);
     Some(describe_pg_config(&config))

@@ -36,6 +36,8 @@ mod option_file;
 mod passwd;
 #[cfg(feature = "postgres")]
 mod pg_locate;
+#[cfg(feature = "postgres")]
+mod pg_service;
 mod reasons;
 mod scheme;
 
@@ -53,6 +55,8 @@ pub(crate) use passwd::effective_user;
 pub(crate) use passwd::is_root;
 #[cfg(feature = "postgres")]
 pub(crate) use pg_locate::{pg_default_host, pg_default_server, pg_locate};
+#[cfg(feature = "postgres")]
+pub(crate) use pg_service::{layered, pg_service};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use scheme::read_credentials_file;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

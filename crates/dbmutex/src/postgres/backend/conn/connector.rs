@@ -54,14 +54,29 @@ impl Connector {
         let env = |k: &str| env(k).filter(|v| !v.is_empty());
         let lower = with_scheme(url, "postgres");
         let (base, query) = lower.split_once('?').unwrap_or((&lower, ""));
+        let bad = |e: String| Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url)));
+        let params: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
+        // The service file's section the URL or PGSERVICE names fills in
+        // what the URL leaves out, ahead of the environment.
+        let service = crate::redact::pg_service(&params, &env).map_err(bad)?;
+        let env = crate::redact::layered(&service, env);
+        let user_part = base
+            .split_once("://")
+            .map_or("", |(_, rest)| &rest[..rest.find('@').map_or(0, |i| i + 1)]);
+        let from_service = service.as_ref().map(|s| s.params(&params, user_part));
         let mut kept = Vec::new();
         // libpq's default, unless its environment says another.
         let mut sslmode = env("PGSSLMODE").unwrap_or_else(|| "prefer".to_owned());
         let mut rootcert = env("PGSSLROOTCERT");
-        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        for kv in params
+            .iter()
+            .copied()
+            .chain(from_service.iter().flatten().map(String::as_str))
+        {
             match kv.split_once('=') {
                 Some(("sslmode", v)) => sslmode = v.to_owned(),
                 Some(("sslrootcert", v)) => rootcert = Some(v.to_owned()),
+                Some(("service", _)) => {}
                 _ => kept.push(kv),
             }
         }
@@ -90,8 +105,7 @@ impl Connector {
         });
         // What the URL leaves out, from libpq's environment (PGHOST, PGPORT,
         // PGUSER, PGDATABASE), and libpq's socket for an empty host.
-        let rebuilt = crate::redact::pg_locate(base, &kept, env)
-            .map_err(|e| Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url))))?;
+        let rebuilt = crate::redact::pg_locate(base, &kept, env).map_err(bad)?;
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
             Error::Config(format!(
                 "bad PostgreSQL URL {}: {}",
