@@ -42,7 +42,9 @@ const AS_ENV: [(&str, &str); 8] = [
 ];
 
 /// Keywords passed on as URL parameters where the URL names none.
-const AS_PARAM: [&str; 10] = [
+/// dbmutex sets the connection's own keepalives and TCP user timeout from
+/// its dead-peer bound, over these as over a URL's.
+const AS_PARAM: [&str; 11] = [
     "password",
     "application_name",
     "connect_timeout",
@@ -50,15 +52,16 @@ const AS_PARAM: [&str; 10] = [
     "keepalives",
     "keepalives_idle",
     "keepalives_interval",
-    "keepalives_retries",
+    "keepalives_count",
     "tcp_user_timeout",
     "channel_binding",
+    "load_balance_hosts",
 ];
 
 /// libpq's other connection keywords: valid in a service file, not
 /// supported by dbmutex (refused with their name, never ignored: some of
 /// them change how or where the connection goes).
-const LIBPQ_OTHERS: [&str; 21] = [
+const LIBPQ_OTHERS: [&str; 30] = [
     "passfile",
     "fallback_application_name",
     "client_encoding",
@@ -79,7 +82,16 @@ const LIBPQ_OTHERS: [&str; 21] = [
     "krbsrvname",
     "gsslib",
     "gssdelegation",
-    "load_balance_hosts",
+    "require_auth",
+    "sslnegotiation",
+    "sslkeylogfile",
+    "servicefile",
+    "min_protocol_version",
+    "max_protocol_version",
+    "oauth_issuer",
+    "oauth_client_id",
+    "oauth_client_secret",
+    "oauth_scope",
 ];
 
 impl Service {
@@ -99,16 +111,30 @@ impl Service {
 
     /// The service's parameters for the URL's query (`key=value`,
     /// percent-encoded), each only where `query` does not name it; the
-    /// password only where the URL's user part gives none (`user_part`:
-    /// what is before the '@', if any).
+    /// password only where the URL's user part gives none or an empty one
+    /// (`user_part`: what is before the '@', with it, if any).
     pub(crate) fn params(&self, query: &[&str], user_part: &str) -> Vec<String> {
         use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
         let named = |k: &str| query.iter().any(|kv| kv.split('=').next() == Some(k));
+        // An empty one counts as none, as libpq stores only a non-empty
+        // password from a URL.
+        let url_password = user_part
+            .trim_end_matches('@')
+            .split_once(':')
+            .is_some_and(|(_, p)| !p.is_empty());
         self.params
             .iter()
             .filter(|(k, _)| AS_PARAM.contains(&k.as_str()) && !named(k))
-            .filter(|(k, _)| k != "password" || !user_part.contains(':'))
-            .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, NON_ALPHANUMERIC)))
+            .filter(|(k, _)| k != "password" || !url_password)
+            .map(|(k, v)| {
+                // tokio-postgres's name for libpq's keyword.
+                let k = if k == "keepalives_count" {
+                    "keepalives_retries"
+                } else {
+                    k
+                };
+                format!("{k}={}", utf8_percent_encode(v, NON_ALPHANUMERIC))
+            })
             .collect()
     }
 }
@@ -122,16 +148,17 @@ pub(crate) fn layered<'a>(
     move |k| service.as_ref().and_then(|s| s.env(k)).or_else(|| env(k))
 }
 
-/// The service `query` (`service=NAME`, percent-decoded) or, failing that,
-/// `env("PGSERVICE")` names, read from libpq's service files; `None` when
-/// no service is named. `env` reads an environment variable (an empty
-/// value counts as unset).
+/// The service `query` (`service=NAME`, percent-decoded; the last one, as
+/// libpq keeps the last) or, failing that, `env("PGSERVICE")` names, read
+/// from libpq's service files; `None` when no service is named. `env`
+/// reads an environment variable as libpq does: set but empty is set
+/// (`PGSERVICE=` names the service "", which no file defines), except
+/// `HOME`, whose empty value libpq passes over.
 pub(crate) fn pg_service(
     query: &[&str],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Service>, String> {
-    let env = |k: &str| env(k).filter(|v| !v.is_empty());
-    let from_url = query.iter().find_map(|kv| kv.strip_prefix("service="));
+    let from_url = query.iter().rev().find_map(|kv| kv.strip_prefix("service="));
     let name = match from_url {
         Some(v) => percent_encoding::percent_decode_str(v)
             .decode_utf8()
@@ -145,6 +172,7 @@ pub(crate) fn pg_service(
     let user_file = match env("PGSERVICEFILE") {
         Some(f) => Some(PathBuf::from(f)),
         None => env("HOME")
+            .filter(|h| !h.is_empty())
             .map(PathBuf::from)
             .or_else(|| super::effective_user().and_then(|e| e.home.clone()))
             .map(|h| h.join(".pg_service.conf")),
@@ -154,20 +182,29 @@ pub(crate) fn pg_service(
         None => SYSCONFDIRS
             .iter()
             .map(|d| Path::new(d).join("pg_service.conf"))
-            .find(|f| f.is_file())
+            .find(|f| f.exists())
             .unwrap_or_else(|| Path::new(SYSCONFDIRS[0]).join("pg_service.conf")),
     };
-    for file in user_file.iter().chain([&system_file]) {
-        // A file that cannot be read is passed over, as libpq passes over
-        // one that does not exist.
-        let Ok(text) = std::fs::read_to_string(file) else {
+    let files: Vec<&PathBuf> = user_file.iter().chain([&system_file]).collect();
+    for file in &files {
+        // A file that does not exist is passed over, as libpq passes it
+        // over; one that exists but cannot be read is an error, as in
+        // libpq (never passed over for the next file, which psql would not
+        // read). Bytes, not UTF-8: libpq reads a Latin-1 comment too.
+        if std::fs::metadata(file).is_err() {
             continue;
-        };
-        if let Some(params) = section(&text, &name, file)? {
+        }
+        let bytes = std::fs::read(file)
+            .map_err(|e| format!("service file \"{}\" not found ({e})", file.display()))?;
+        if let Some(params) = section(&String::from_utf8_lossy(&bytes), &name, file)? {
             return Ok(Some(Service { params }));
         }
     }
-    Err(format!("definition of service \"{name}\" not found"))
+    let looked: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    Err(format!(
+        "definition of service \"{name}\" not found (looked in {})",
+        looked.join(", ")
+    ))
 }
 
 /// Where the distributions' libpq looks for the system's service file
@@ -275,14 +312,39 @@ mod tests {
     }
 
     #[test]
+    fn names_passwords_and_keywords_as_libpq_has_them() {
+        // A percent-encoded name; the last `service=` wins; a Latin-1
+        // comment does not spoil the file.
+        let text = b"# caf\xe9\n[my svc]\nport=7\nkeepalives_count=4\npassword=pw\n[b]\nport=8\n";
+        let dir = TempDir::new("svc-bytes");
+        let f = dir.path().join("svc.conf");
+        std::fs::write(&f, text).unwrap();
+        let vars = [("PGSERVICEFILE", f.to_str().unwrap())];
+        let s = pg_service(&["service=b", "service=my%20svc"], &env_of(&vars))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.env("PGPORT").as_deref(), Some("7"));
+        // libpq's keepalives_count is tokio-postgres's keepalives_retries.
+        assert_eq!(s.params(&[], ""), ["keepalives_retries=4", "password=pw"]);
+        // An empty URL password is none: the service's is sent.
+        assert_eq!(s.params(&[], "u:@").len(), 2);
+        assert_eq!(s.params(&[], "u:x@"), ["keepalives_retries=4"]);
+    }
+
+    #[test]
     fn no_service_named_reads_nothing() {
         let vars = [("PGSERVICEFILE", "/nonexistent/x")];
         assert!(pg_service(&["sslmode=disable"], &env_of(&vars))
             .unwrap()
             .is_none());
-        // An empty PGSERVICE counts as unset.
-        let vars = [("PGSERVICE", "")];
-        assert!(pg_service(&[], &env_of(&vars)).unwrap().is_none());
+        // An empty PGSERVICE names the service "", as in libpq: none has it.
+        let vars = [
+            ("PGSERVICE", ""),
+            ("PGSERVICEFILE", "/nonexistent/x"),
+            ("PGSYSCONFDIR", "/nonexistent"),
+        ];
+        let e = pg_service(&[], &env_of(&vars)).err().unwrap();
+        assert!(e.starts_with("definition of service \"\" not found"), "{e}");
     }
 
     #[test]
@@ -305,7 +367,25 @@ mod tests {
         assert_eq!(port("mine").as_deref(), Some("1"), "the user's file first");
         assert_eq!(port("shared").as_deref(), Some("2"));
         let e = pg_service(&["service=absent"], &env_of(&vars)).err().unwrap();
-        assert_eq!(e, "definition of service \"absent\" not found");
+        assert!(
+            e.starts_with("definition of service \"absent\" not found (looked in "),
+            "{e}"
+        );
+        assert!(e.contains(&user) && e.contains(sys_dir), "{e}");
+        // A user's file that does not exist is passed over; one that
+        // exists but cannot be read is an error, not passed over.
+        let vars = [
+            ("PGSERVICEFILE", "/nonexistent/svc.conf"),
+            ("PGSYSCONFDIR", sys_dir),
+        ];
+        let s = pg_service(&["service=mine"], &env_of(&vars)).unwrap().unwrap();
+        assert_eq!(s.env("PGPORT").as_deref(), Some("3"));
+        let vars = [("PGSERVICEFILE", sys_dir), ("PGSYSCONFDIR", sys_dir)];
+        let e = pg_service(&["service=mine"], &env_of(&vars)).err().unwrap();
+        assert!(
+            e.starts_with(&format!("service file \"{sys_dir}\" not found")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -51,22 +51,23 @@ impl Connector {
     /// [`from_url`](Self::from_url) in the environment `env` (the
     /// process's but in tests).
     fn from_url_in(url: &str, settings: &Settings, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         let lower = with_scheme(url, "postgres");
         let (base, query) = lower.split_once('?').unwrap_or((&lower, ""));
         let bad = |e: String| Error::Config(format!("bad PostgreSQL URL {}: {e}", redact_url(url)));
         let params: Vec<&str> = query.split('&').filter(|kv| !kv.is_empty()).collect();
         // The service file's section the URL or PGSERVICE names fills in
-        // what the URL leaves out, ahead of the environment.
+        // what the URL leaves out, ahead of the environment (which it
+        // reads as libpq does: an empty PGSERVICE is set).
         let service = crate::redact::pg_service(&params, &env).map_err(bad)?;
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         let env = crate::redact::layered(&service, env);
         let user_part = base
             .split_once("://")
             .map_or("", |(_, rest)| &rest[..rest.find('@').map_or(0, |i| i + 1)]);
         let from_service = service.as_ref().map(|s| s.params(&params, user_part));
         let mut kept = Vec::new();
-        // libpq's default, unless its environment says another.
-        let mut sslmode = env("PGSSLMODE").unwrap_or_else(|| "prefer".to_owned());
+        // libpq's default (below), unless its environment says another.
+        let mut sslmode = env("PGSSLMODE");
         let mut rootcert = env("PGSSLROOTCERT");
         for kv in params
             .iter()
@@ -74,12 +75,19 @@ impl Connector {
             .chain(from_service.iter().flatten().map(String::as_str))
         {
             match kv.split_once('=') {
-                Some(("sslmode", v)) => sslmode = v.to_owned(),
+                Some(("sslmode", v)) => sslmode = Some(v.to_owned()),
                 Some(("sslrootcert", v)) => rootcert = Some(v.to_owned()),
                 Some(("service", _)) => {}
                 _ => kept.push(kv),
             }
         }
+        // `sslrootcert=system` with no sslmode anywhere means verify-full,
+        // as in libpq (16 and later): the system's roots are asked for, so
+        // the certificate must be checked against them.
+        let sslmode = sslmode.unwrap_or_else(|| match rootcert.as_deref() {
+            Some("system") => "verify-full".to_owned(),
+            _ => "prefer".to_owned(),
+        });
         let verify = match sslmode.as_str() {
             "disable" | "allow" => None,
             "prefer" | "require" => Some(false),
@@ -475,5 +483,18 @@ mod tests {
         };
         assert!(e.contains("sslrootcert file"), "{e}");
         assert!(parsed("postgres://h/db", &[("PGSSLMODE", "verify-full")]).is_ok());
+        // libpq's `system`: the carried roots, and verify-full unless an
+        // sslmode is given.
+        use tokio_postgres::config::SslMode;
+        let c = parsed("postgres://h/db", &[("PGSSLROOTCERT", "system")]).unwrap();
+        assert_eq!(
+            c.config.get_ssl_mode(),
+            SslMode::Require,
+            "sslrootcert=system: verify-full"
+        );
+        let c = parsed("postgres://h/db", &[]).unwrap();
+        assert_eq!(c.config.get_ssl_mode(), SslMode::Prefer, "else libpq's prefer");
+        let c = parsed("postgres://h/db?sslmode=disable", &[("PGSSLROOTCERT", "system")]).unwrap();
+        assert!(matches!(c.tls, Tls::Off), "an sslmode given wins");
     }
 }

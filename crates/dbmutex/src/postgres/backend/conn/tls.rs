@@ -26,7 +26,9 @@ pub(super) fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
     let config = if verify {
         let mut roots = rustls::RootCertStore::empty();
         match rootcert {
-            Some(path) => {
+            // libpq's `system`: the platform's trusted roots; ours are the
+            // Mozilla roots dbmutex carries (webpki-roots).
+            Some(path) if path != "system" => {
                 use rustls::pki_types::pem::PemObject;
                 let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
                     .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
@@ -37,7 +39,7 @@ pub(super) fn make_tls(verify: bool, rootcert: Option<&str>) -> Result<Tls> {
                         .map_err(|e| Error::Config(format!("sslrootcert file: {e}")))?;
                 }
             }
-            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            _ => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
         }
         builder.with_root_certificates(roots).with_no_client_auth()
     } else {
