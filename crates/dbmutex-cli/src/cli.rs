@@ -43,10 +43,12 @@ backend (this host only): lock files under env DBMUTEX_LOCK_DIR, else
 --require-database (or env DBMUTEX_REQUIRE_DATABASE=1) refuses that fallback.
 A URL without a password takes it as the database's own client does: PostgreSQL
 from env PGPASSWORD, else the password file (env PGPASSFILE, else ~/.pgpass);
-MySQL/MariaDB from ~/.my.cnf's [client] password, else env MYSQL_PWD; a
-MySQL/MariaDB URL without a user takes ~/.my.cnf's [client] user, else the
-login's name, and without a host ~/.my.cnf's host, port and socket, else env
-MYSQL_HOST, MYSQL_TCP_PORT and MYSQL_UNIX_PORT, as the mysql client does. A PostgreSQL URL takes what else it leaves out from env PGHOST, PGHOSTADDR,
+MySQL/MariaDB from the option files' password, else env MYSQL_PWD; a
+MySQL/MariaDB URL without a user takes the option files' user, else the
+login's name, and without a host the option files' host, port and socket, else
+env MYSQL_HOST, MYSQL_TCP_PORT and MYSQL_UNIX_PORT, as the mysql client does
+(option files: /etc/my.cnf, /etc/mysql/my.cnf, then ~/.my.cnf, their
+[client], [client-server] and [client-mariadb] groups). A PostgreSQL URL takes what else it leaves out from env PGHOST, PGHOSTADDR,
 PGPORT, PGUSER, PGDATABASE, PGSSLMODE, PGSSLROOTCERT and PGTARGETSESSIONATTRS,
 as psql does, after the section of libpq's service file (~/.pg_service.conf,
 else pg_service.conf in env PGSYSCONFDIR or /etc/postgresql-common) that the

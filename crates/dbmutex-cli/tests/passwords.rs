@@ -236,9 +236,14 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
         None,
     );
     assert_eq!(code, 69, "{text}");
+    // The option files' socket, where the system's name one (Debian's
+    // MariaDB does, in `[client-server]`): the one `mariadb` itself would
+    // use in this environment; else MYSQL_UNIX_PORT's.
+    let unix_port = "/nonexistent/dbmutex-test.sock";
+    let want = client_socket_from_option_files(&empty_home).unwrap_or_else(|| unix_port.to_owned());
     assert!(
-        text.contains("socket /nonexistent/dbmutex-test.sock"),
-        "no host named anywhere: the socket MYSQL_UNIX_PORT names: {text}"
+        text.contains(&want) && (want == unix_port || !text.contains(unix_port)),
+        "no host named anywhere: the socket the option files, else MYSQL_UNIX_PORT, name ({want}): {text}"
     );
     write(
         &cnf,
@@ -484,8 +489,14 @@ fn a_service_names_the_server_as_in_libpq() {
     .unwrap();
     let run = |url: &str, vars: &[(&str, &str)]| run_in_env(&home, url, &["-w", "5", "pw-svc"], vars);
     let there = format!("acquired lock pw-svc (exclusive) on postgres://cron@127.0.0.1:{port}/test");
-    // Named in the URL; the service's port beats PGPORT's.
-    let (code, err) = run("postgres://?service=locks", &[("PGPORT", "1")]);
+    // Named in the URL; the service's port beats PGPORT's, its password
+    // a wrong PGPASSWORD, its sslmode PGSSLMODE's.
+    let wrong = [
+        ("PGPORT", "1"),
+        ("PGPASSWORD", "wrong"),
+        ("PGSSLMODE", "verify-full"),
+    ];
+    let (code, err) = run("postgres://?service=locks", &wrong);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(&there), "{err}");
     // Named by PGSERVICE.
@@ -530,4 +541,22 @@ fn run_in_env(home: &std::path::Path, url: &str, lock_args: &[&str], vars: &[(&s
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!err.contains(PASSWORD), "the password was printed: {err}");
     (out.status.code().unwrap_or(-1), err)
+}
+
+/// The socket `mariadb --print-defaults` gives with `HOME` at `home` and
+/// nothing else in the environment: the option files' `socket`, as the
+/// client reads them.
+fn client_socket_from_option_files(home: &Path) -> Option<String> {
+    let out = Command::new("mariadb")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .arg("--print-defaults")
+        .output()
+        .expect("run mariadb --print-defaults");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .rev()
+        .find_map(|arg| arg.strip_prefix("--socket="))
+        .map(str::to_owned)
 }

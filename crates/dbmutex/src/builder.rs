@@ -25,7 +25,9 @@ impl Locker {
     /// service file (`pg_service.conf`) that the URL's `service=NAME` or
     /// `PGSERVICE` names (so `postgres:///db` goes where psql goes);
     /// MySQL/MariaDB, for a URL that names no host (nor `socket`), the
-    /// `host`, `port` and `socket` of `~/.my.cnf`'s `[client]` group,
+    /// `host`, `port` and `socket` of the option files' client groups
+    /// (`/etc/my.cnf`, `/etc/mysql/my.cnf`, then `~/.my.cnf`; `[client]`,
+    /// `[client-server]`, `[client-mariadb]`),
     /// else `MYSQL_HOST`, `MYSQL_TCP_PORT` and `MYSQL_UNIX_PORT`, as the
     /// `mysql` client does. No host anywhere: the local server's Unix socket (PostgreSQL:
     /// libpq's socket directory, `/var/run/postgresql` where it exists,
@@ -33,9 +35,9 @@ impl Locker {
     /// `/tmp/mysql.sock`). No password: PostgreSQL takes `PGPASSWORD`,
     /// else the password file (`PGPASSFILE`, else `~/.pgpass`, readable by
     /// its owner only; used only where it gives every host of the URL the
-    /// same password); MySQL/MariaDB takes the `[client]` password of
-    /// `~/.my.cnf`, else `MYSQL_PWD`. No user: MySQL/MariaDB takes
-    /// the `[client]` user of `~/.my.cnf`, else the login's name (`root`
+    /// same password); MySQL/MariaDB takes the option files' password,
+    /// else `MYSQL_PWD`. No user: MySQL/MariaDB takes the option files'
+    /// user, else the login's name (`root`
     /// for the superuser), as the clients do. All are read at each connect,
     /// as the clients read them, so a reconnect after a password rotation
     /// sends the new password.

@@ -1,21 +1,21 @@
 //! The MySQL and MariaDB clients' defaults for what a URL leaves out, as
 //! the `mysql`/`mariadb` clients read them:
 //!
-//! - the password: the `password` option of the `[client]` group of the
-//!   user's option file (`~/.my.cnf`), else the `MYSQL_PWD` environment
+//! - the password: the `password` option of the client groups of the
+//!   option files (`redact/option_file.rs`: the system's, then the user's
+//!   `~/.my.cnf`), else the `MYSQL_PWD` environment
 //!   variable (the option file first, as both clients' libraries take it:
 //!   checked with Debian's `mariadb` 10.11, which logs in with the file's
 //!   password while `MYSQL_PWD` holds a wrong one). So a cron job keeps
 //!   its password out of the URL (and out of `ps`) the way it already
 //!   does for them;
-//! - the user: the `user` option of that group (an empty one counts as
+//! - the user: the `user` option of those groups (an empty one counts as
 //!   none), else the login's name (`root` for the superuser, else the
 //!   password database's name for the effective uid, else `USER` or
 //!   `LOGNAME`; looked up once per process).
 //!
-//! Only `~/.my.cnf`'s `[client]` group is read: not the system's option
-//! files (`/etc/my.cnf`, `/etc/mysql/my.cnf`), nor the `[mysql]`,
-//! `[client-server]` or `[client-mariadb]` groups the clients also read.
+//! The `[mysql]` and `[mariadb-client]` groups are the `mysql` program's
+//! own, not every client's: not read.
 
 use crate::redact::client_option;
 pub(super) use crate::redact::option_file;

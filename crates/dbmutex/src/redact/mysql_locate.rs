@@ -1,7 +1,7 @@
 //! Where a `mysql://` URL goes when it leaves the place out, as the MySQL
 //! and MariaDB clients read the same gaps: a URL's own host, port and
-//! `socket` parameter first, then the `[client]` group of `~/.my.cnf`
-//! (`host`, `port`, `socket`), then the environment (`MYSQL_HOST`,
+//! `socket` parameter first, then the client groups of the option files
+//! (`host`, `port`, `socket`; `option_file.rs`), then the environment (`MYSQL_HOST`,
 //! `MYSQL_TCP_PORT`, `MYSQL_UNIX_PORT`), then the defaults (the host
 //! `localhost`, which the clients reach through the local server's Unix
 //! socket, and port 3306). Empty values count as unset.

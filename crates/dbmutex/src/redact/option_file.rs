@@ -1,20 +1,96 @@
-//! The MySQL and MariaDB clients' option file, `~/.my.cnf`, read as they
-//! read it: its `[client]` group's options (the password and user a URL
-//! leaves out, `crate::mysql`'s; the host, port and socket,
-//! [`super::mysql_locate`]'s).
+//! The MySQL and MariaDB clients' option files, read as they read them:
+//! the system's (`/etc/my.cnf`, `/etc/mysql/my.cnf`), `my.cnf` in
+//! `MARIADB_HOME` or `MYSQL_HOME`, then the user's `~/.my.cnf`, with their
+//! `!include` and `!includedir` directives followed, and of them the
+//! groups every client reads: `[client]`, and MariaDB's `[client-server]`
+//! and `[client-mariadb]` (the password and user a URL leaves out,
+//! `crate::mysql`'s; the host, port and socket, [`super::mysql_locate`]'s).
+//! A later value wins, as in the clients, so `~/.my.cnf` overrides the
+//! system's files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The text of `~/.my.cnf` (`None` where there is none, or it is
-/// world-writable: the clients ignore it then, and so do we, with a
-/// warning).
+/// The system's option files, in the clients' order (Debian's MariaDB puts
+/// its `[client-server]` socket in the second).
+#[cfg(not(test))]
+const SYSTEM_FILES: &[&str] = &["/etc/my.cnf", "/etc/mysql/my.cnf"];
+/// Unit tests read none: what they assert must not depend on the machine's
+/// files (`tests/passwords.rs` checks the system's against `mariadb
+/// --print-defaults`).
+#[cfg(test)]
+const SYSTEM_FILES: &[&str] = &[];
+
+/// How deep `!include`s may nest (the clients stop at 10).
+const MAX_DEPTH: u32 = 10;
+
+/// The text of the option files the clients read, one after the other in
+/// their order, `!include`d files in their place (`None` where there is
+/// none). A world-writable file is passed over, as the clients pass it
+/// over, with a warning. Each file starts outside any group, and the
+/// including file's group resumes after an include, as in the clients.
 pub(crate) fn option_file(env: &impl Fn(&str) -> Option<String>) -> Option<String> {
-    let home = env("HOME").filter(|h| !h.is_empty())?;
-    crate::redact::read_credentials_file(
-        &Path::new(&home).join(".my.cnf"),
+    let set = |k: &str| env(k).filter(|v| !v.is_empty());
+    let home_dir = set("MARIADB_HOME").or_else(|| set("MYSQL_HOME"));
+    let files = SYSTEM_FILES
+        .iter()
+        .map(PathBuf::from)
+        .chain(home_dir.map(|d| Path::new(&d).join("my.cnf")))
+        .chain(set("HOME").map(|h| Path::new(&h).join(".my.cnf")));
+    let mut text = String::new();
+    let mut any = false;
+    for file in files {
+        any |= read_into(&file, 0, &mut text);
+    }
+    any.then_some(text)
+}
+
+/// Appends option file `file`'s lines to `out`, its includes followed
+/// ([`option_file`]); whether it was read.
+fn read_into(file: &Path, depth: u32, out: &mut String) -> bool {
+    let Some(text) = crate::redact::read_credentials_file(
+        file,
         0o002,
         "the option file is world-writable and is ignored, as the MySQL clients ignore it",
-    )
+    ) else {
+        return false;
+    };
+    // Outside any group until the file names one.
+    out.push_str("[]\n");
+    let mut group = "[]";
+    for line in text.lines() {
+        let trimmed = line.trim();
+        let (included, dir) = match trimmed.strip_prefix("!includedir") {
+            Some(d) => (Some(d), true),
+            None => (trimmed.strip_prefix("!include"), false),
+        };
+        let Some(path) = included.map(str::trim).filter(|p| !p.is_empty()) else {
+            if trimmed.starts_with('[') {
+                group = trimmed;
+            }
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        if depth >= MAX_DEPTH {
+            continue;
+        }
+        if dir {
+            // Its `.cnf` files, in name order.
+            let mut names: Vec<PathBuf> = std::fs::read_dir(path)
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            names.retain(|p| p.extension().is_some_and(|e| e == "cnf"));
+            names.sort();
+            for f in names {
+                read_into(&f, depth + 1, out);
+            }
+        } else {
+            read_into(Path::new(path), depth + 1, out);
+        }
+        out.push_str(group);
+        out.push('\n');
+    }
+    true
 }
 
 /// The last `password` of the `[client]` groups of an option file's text.
@@ -23,8 +99,9 @@ fn client_password(text: &str) -> Option<String> {
     client_option(text, "password")
 }
 
-/// The last option `name` of the `[client]` groups of an option file's text
-/// (the last one read wins, as in the clients). Lines starting with `#` or
+/// The last option `name` of the client groups (`[client]`,
+/// `[client-server]`, `[client-mariadb]`) of an option file's text (the
+/// last one read wins, as in the clients). Lines starting with `#` or
 /// `;` are comments, as is an unquoted value's tail from a `#`; a value may
 /// be quoted (`'…'` or `"…"`) and holds the escapes `\n`, `\t`, `\r`, `\b`,
 /// `\s` (a space), `\\`, `\'` and `\"`. `!include` directives are not
@@ -38,7 +115,8 @@ pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
             continue;
         }
         if let Some(group) = line.strip_prefix('[') {
-            in_client = group.split(']').next().map(str::trim) == Some("client");
+            let name = group.split(']').next().map(str::trim);
+            in_client = matches!(name, Some("client" | "client-server" | "client-mariadb"));
             continue;
         }
         if !in_client {
@@ -116,5 +194,65 @@ mod tests {
         }
         assert_eq!(client_password("[mysqld]\npassword=x\n"), None);
         assert_eq!(client_password("password=outside-a-group\n"), None);
+    }
+
+    #[test]
+    fn includes_are_followed_and_groups_kept_as_the_clients_keep_them() {
+        let dir = crate::local::tests::TempDir::new("mycnf");
+        let d = dir.path();
+        let inc = d.join("inc.cnf");
+        let conf_d = d.join("conf.d");
+        std::fs::create_dir_all(&conf_d).unwrap();
+        std::fs::write(&inc, "password=outside-a-group\n[mysqld]\nuser=not-this\n").unwrap();
+        std::fs::write(conf_d.join("20-b.cnf"), "[client-server]\nsocket=/s2\n").unwrap();
+        std::fs::write(conf_d.join("10-a.cnf"), "[client]\nsocket=/s1\nhost=h\n").unwrap();
+        std::fs::write(conf_d.join("30-c.txt"), "[client]\nhost=not-a-cnf\n").unwrap();
+        std::fs::write(
+            conf_d.join("40-d.cnf"),
+            "[client-mariadb]\ndefault-character-set=utf8mb4\n",
+        )
+        .unwrap();
+        let main = d.join("my.cnf");
+        std::fs::write(
+            &main,
+            format!(
+                "[client]\nuser=a\n!include {}\nport=1\n!includedir {}\n[mysqld]\nport=2\n",
+                inc.display(),
+                conf_d.display()
+            ),
+        )
+        .unwrap();
+        let mut text = String::new();
+        assert!(read_into(&main, 0, &mut text));
+        let get = |name: &str| client_option(&text, name);
+        assert_eq!(get("user").as_deref(), Some("a"), "{text}");
+        assert_eq!(
+            get("port").as_deref(),
+            Some("1"),
+            "[client] resumes after an include: {text}"
+        );
+        assert_eq!(
+            get("password"),
+            None,
+            "an included file starts outside any group: {text}"
+        );
+        assert_eq!(
+            get("socket").as_deref(),
+            Some("/s2"),
+            "name order, [client-server]: {text}"
+        );
+        assert_eq!(get("host").as_deref(), Some("h"), "only .cnf files: {text}");
+        assert_eq!(get("default_character_set").as_deref(), Some("utf8mb4"));
+        // An include of itself stops at the depth limit instead of looping.
+        let loop_file = d.join("loop.cnf");
+        std::fs::write(
+            &loop_file,
+            format!("[client]\nport=3\n!include {}\n", loop_file.display()),
+        )
+        .unwrap();
+        let mut text = String::new();
+        assert!(read_into(&loop_file, 0, &mut text));
+        assert_eq!(client_option(&text, "port").as_deref(), Some("3"));
+        assert!(!read_into(&d.join("absent.cnf"), 0, &mut text));
     }
 }
