@@ -55,12 +55,13 @@ start_private_pg() {
   trap stop_private_pg EXIT
   trap 'exit 130' INT TERM HUP
   "${as_pg[@]}" "$bindir/initdb" -D "$PG_DIR/data" -A trust -U postgres -E UTF8 --no-sync --no-instructions >/dev/null
-  # A free loopback port: nothing answers there now; retry if the server
-  # loses a race for it.
+  # A free loopback port below the ephemeral range (10000-31999: no
+  # outgoing connection takes it while the server restarts): nothing
+  # answers there now; retry if the server loses a race for it.
   local port conf attempt
   conf=$(cat "$PG_DIR/data/postgresql.conf")
   for attempt in 1 2 3 4 5; do
-    port=$(( 20000 + RANDOM % 40000 ))
+    port=$(( 10000 + RANDOM % 22000 ))
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then continue; fi
     cat >"$PG_DIR/data/postgresql.conf" <<CONF
 $conf
@@ -94,12 +95,53 @@ stop_private_pg() {
 # A private 3-member etcd on free 127.0.0.1 ports (data in a temp dir,
 # removed at exit), and a helper that kills one member (`leader` or
 # `random`) with SIGKILL and starts it again on its data.
+# Six distinct free ports below the kernel's ephemeral range: a port from
+# that range (what bind(0) hands out) can be taken by any outgoing
+# connection, such as a chaos worker's, before a member binds it or while
+# a killed member is down ("bind: address already in use").
+free_ports_below_ephemeral() {
+  python3 - <<'PY'
+import random, socket
+hi = 32767
+try:
+    hi = min(hi, int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) - 1)
+except Exception:
+    pass
+ports = []
+while len(ports) < 6:
+    p = random.randint(10000, hi)
+    if p in ports:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        ports.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(" ".join(map(str, ports)))
+PY
+}
+
 start_private_etcd() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    start_private_etcd_once && return 0
+    # A port taken between the pick and the bind: new ports, a new cluster.
+    if grep -qs "address already in use" "$ETCD_DIR"/m*.log && [ "$attempt" -lt 5 ]; then
+      stop_private_etcd
+      continue
+    fi
+    tail -n 20 "$ETCD_DIR"/m*.log >&2
+    exit 1
+  done
+}
+
+start_private_etcd_once() {
   ETCD_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dbmutex-private-etcd-chaos-XXXXXX")
   local i ports=() cluster="" endpoints=""
-  for i in 0 1 2 3 4 5; do
-    ports+=("$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')")
-  done
+  read -r -a ports <<<"$(free_ports_below_ephemeral)"
   for i in 0 1 2; do
     cluster+="${cluster:+,}m$i=http://127.0.0.1:${ports[$((i + 3))]}"
     endpoints+="${endpoints:+,}http://127.0.0.1:${ports[$i]}"
@@ -140,7 +182,7 @@ run "\$i" existing
 healthy
 SH
   chmod +x "$ETCD_DIR/member.sh"
-  "$ETCD_DIR/member.sh" start || { tail -n 20 "$ETCD_DIR"/m*.log >&2; exit 1; }
+  "$ETCD_DIR/member.sh" start || return 1
   export DBMUTEX_CHAOS_LOCK_URL="etcd://${endpoints//http:\/\//}"
   export DBMUTEX_CHAOS_MEMBER_CMD="$ETCD_DIR/member.sh"
   say "private etcd (3 members) at $DBMUTEX_CHAOS_LOCK_URL ($ETCD_DIR)"

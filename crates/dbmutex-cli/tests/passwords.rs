@@ -242,7 +242,7 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
     let unix_port = "/nonexistent/dbmutex-test.sock";
     let want = client_socket_from_option_files(&empty_home).unwrap_or_else(|| unix_port.to_owned());
     assert!(
-        text.contains(&want) && (want == unix_port || !text.contains(unix_port)),
+        text.contains(&format!("socket={want}:")) && (want == unix_port || !text.contains(unix_port)),
         "no host named anywhere: the socket the option files, else MYSQL_UNIX_PORT, name ({want}): {text}"
     );
     write(

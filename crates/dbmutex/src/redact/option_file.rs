@@ -6,7 +6,14 @@
 //! and `[client-mariadb]` (the password and user a URL leaves out,
 //! `crate::mysql`'s; the host, port and socket, [`super::mysql_locate`]'s).
 //! A later value wins, as in the clients, so `~/.my.cnf` overrides the
-//! system's files.
+//! system's files. Files are read as bytes (a Latin-1 comment does not
+//! hide a file).
+//!
+//! Not read, and documented so: the `mysql`/`mariadb` programs' own groups
+//! (`[mysql]`, `[mariadb-client]`), a group suffix
+//! (`MYSQL_GROUP_SUFFIX`), Oracle MySQL's `~/.mylogin.cnf`; and where the
+//! clients stop on a malformed file ("Fatal error in defaults handling")
+//! or drop the rest of an included one, dbmutex reads on.
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +37,11 @@ const MAX_DEPTH: u32 = 10;
 /// including file's group resumes after an include, as in the clients.
 pub(crate) fn option_file(env: &impl Fn(&str) -> Option<String>) -> Option<String> {
     let set = |k: &str| env(k).filter(|v| !v.is_empty());
-    let home_dir = set("MARIADB_HOME").or_else(|| set("MYSQL_HOME"));
+    // A set MARIADB_HOME, even empty, hides MYSQL_HOME, as in `mariadb`.
+    let home_dir = match env("MARIADB_HOME") {
+        Some(d) => Some(d).filter(|d| !d.is_empty()),
+        None => set("MYSQL_HOME"),
+    };
     let files = SYSTEM_FILES
         .iter()
         .map(PathBuf::from)
@@ -42,6 +53,21 @@ pub(crate) fn option_file(env: &impl Fn(&str) -> Option<String>) -> Option<Strin
         any |= read_into(&file, 0, &mut text);
     }
     any.then_some(text)
+}
+
+/// `!include PATH` (`(PATH, false)`) or `!includedir DIR` (`(DIR, true)`),
+/// spaces allowed after the `!` as the clients allow them, and required
+/// before the path (`!includefoo` is no directive).
+fn directive(line: &str) -> Option<(&str, bool)> {
+    let rest = line.strip_prefix('!')?.trim_start();
+    let (rest, dir) = match rest.strip_prefix("includedir") {
+        Some(r) => (r, true),
+        None => (rest.strip_prefix("include")?, false),
+    };
+    if !rest.starts_with(char::is_whitespace) {
+        return None;
+    }
+    Some((rest.trim(), dir)).filter(|(p, _)| !p.is_empty())
 }
 
 /// Appends option file `file`'s lines to `out`, its includes followed
@@ -59,11 +85,7 @@ fn read_into(file: &Path, depth: u32, out: &mut String) -> bool {
     let mut group = "[]";
     for line in text.lines() {
         let trimmed = line.trim();
-        let (included, dir) = match trimmed.strip_prefix("!includedir") {
-            Some(d) => (Some(d), true),
-            None => (trimmed.strip_prefix("!include"), false),
-        };
-        let Some(path) = included.map(str::trim).filter(|p| !p.is_empty()) else {
+        let Some((path, dir)) = directive(trimmed) else {
             if trimmed.starts_with('[') {
                 group = trimmed;
             }
@@ -204,7 +226,14 @@ mod tests {
         let conf_d = d.join("conf.d");
         std::fs::create_dir_all(&conf_d).unwrap();
         std::fs::write(&inc, "password=outside-a-group\n[mysqld]\nuser=not-this\n").unwrap();
-        std::fs::write(conf_d.join("20-b.cnf"), "[client-server]\nsocket=/s2\n").unwrap();
+        // Written out of order: only name order makes 50-e's the last.
+        for (name, n) in [("30-c", 3), ("50-e", 5), ("20-b", 2), ("40-d", 4)] {
+            std::fs::write(
+                conf_d.join(format!("{name}.cnf")),
+                format!("[client-server]\nsocket=/s{n}\n"),
+            )
+            .unwrap();
+        }
         std::fs::write(conf_d.join("10-a.cnf"), "[client]\nsocket=/s1\nhost=h\n").unwrap();
         std::fs::write(conf_d.join("30-c.txt"), "[client]\nhost=not-a-cnf\n").unwrap();
         std::fs::write(
@@ -216,7 +245,7 @@ mod tests {
         std::fs::write(
             &main,
             format!(
-                "[client]\nuser=a\n!include {}\nport=1\n!includedir {}\n[mysqld]\nport=2\n",
+                "[client]\nuser=a\n! include {}\nport=1\n!includedir {}\n!includex /x\n[mysqld]\nport=2\n",
                 inc.display(),
                 conf_d.display()
             ),
@@ -236,9 +265,13 @@ mod tests {
             None,
             "an included file starts outside any group: {text}"
         );
+        assert!(
+            text.contains("!includex /x"),
+            "no directive, kept as a line (the groups skip it)"
+        );
         assert_eq!(
             get("socket").as_deref(),
-            Some("/s2"),
+            Some("/s5"),
             "name order, [client-server]: {text}"
         );
         assert_eq!(get("host").as_deref(), Some("h"), "only .cnf files: {text}");

@@ -103,5 +103,9 @@ pub(crate) fn read_credentials_file(file: &std::path::Path, forbidden: u32, igno
     }
     #[cfg(not(unix))]
     let _ = (forbidden, ignored);
-    std::fs::read_to_string(file).ok()
+    // Bytes, as the clients read them: a Latin-1 comment must not make the
+    // whole file (and what it includes) vanish.
+    std::fs::read(file)
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
