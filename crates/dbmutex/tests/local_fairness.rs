@@ -148,7 +148,10 @@ fn two_processes_alternate() {
         per[0].min(per[1]) * 10 >= total * 4,
         "both progress alike: {summary}"
     );
-    assert!(share >= 0.8, "they alternate: {summary}");
+    // 0.98-1.00 alone, 0.766 once in a full CI run on a busy 2-core
+    // machine; what this guards against gives ~0.5 (yielding without
+    // turns) or ~0 (no turns).
+    assert!(share >= 0.7, "they alternate: {summary}");
     // 1 ms holds: a wait of 200 holds is starvation, not load.
     assert!(max_wait < HOLD * 200, "nobody waits long: {summary}");
 }
