@@ -190,7 +190,7 @@ SH
 
 stop_private_etcd() {
   if [ -n "${ETCD_DIR:-}" ]; then
-    for f in "$ETCD_DIR"/m*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
+    for f in "$ETCD_DIR"/m*.pid; do [ -f "$f" ] && { kill -9 "$(cat "$f")" 2>/dev/null || true; }; done
     rm -rf "$ETCD_DIR"
   fi
   return 0
