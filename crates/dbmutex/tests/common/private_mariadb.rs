@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::private::{free_port, is_root, run, Instance};
+use super::private::{free_port, is_root, run, user_ids, Instance};
 
 /// The prefix of every private instance's directory under `$TMPDIR`.
 pub const DIR_PREFIX: &str = "dbmutex-private-mariadb-";
@@ -66,10 +66,21 @@ impl PrivateMariaDb {
             server: Mutex::new(None),
             options: options.iter().map(|o| o.to_string()).collect(),
         };
+        // A temporary directory of its own: two servers bootstrapping at
+        // once in one `/tmp` failed now and then ("Could not remove
+        // temporary table '/tmp/#sql-temptable-…'", then "Installation of
+        // system tables failed"), twice in six runs of tests/passwords.rs.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("create the private server's tmpdir");
+        if is_root() {
+            let (uid, gid) = user_ids("mysql");
+            std::os::unix::fs::chown(&tmp, Some(uid), Some(gid)).expect("chown the private server's tmpdir");
+        }
         let mut install = Command::new(program("mariadb-install-db"));
         install
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
         if is_root() {
             install.arg("--user=mysql");
@@ -110,6 +121,7 @@ impl PrivateMariaDb {
             .arg(format!("--datadir={}", dir.join("data").display()))
             .arg(format!("--socket={}", dir.join("sock").display()))
             .arg(format!("--pid-file={}", dir.join("pid").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg(format!("--port={}", self.port))
             .args([
                 "--bind-address=127.0.0.1",
