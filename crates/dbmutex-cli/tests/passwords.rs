@@ -82,16 +82,26 @@ fn run(url: &str, env: &[(&str, &Path)], home: &Path, pgpassword: Option<&str>) 
 }
 
 fn run_with(url: &str, env: &[(&str, &Path)], home: &Path, var: Option<(&str, &str)>) -> (i32, String) {
+    let vars: Vec<(&str, &std::ffi::OsStr)> = env
+        .iter()
+        .map(|(k, v)| (*k, v.as_os_str()))
+        .chain(var.map(|(k, v)| (k, std::ffi::OsStr::new(v))))
+        .collect();
+    dbmutex_in_env(home, url, &["run", "pw"], &vars)
+}
+
+/// `dbmutex ARGS -- true` with only `PATH`, `HOME` (`home`),
+/// `DBMUTEX_DATABASE_URL` (`url`) and `vars` in its environment: its exit
+/// status and output, which must not hold the password.
+fn dbmutex_in_env(home: &Path, url: &str, args: &[&str], vars: &[(&str, &std::ffi::OsStr)]) -> (i32, String) {
     let mut c = Command::new(BIN);
     c.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", home)
         .env("DBMUTEX_DATABASE_URL", url)
-        .args(["run", "pw", "--", "true"]);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    if let Some((k, v)) = var {
+        .args(args)
+        .args(["--", "true"]);
+    for (k, v) in vars {
         c.env(k, v);
     }
     let out = c.output().unwrap();
@@ -522,25 +532,13 @@ fn a_service_names_the_server_as_in_libpq() {
     );
 }
 
-/// `dbmutex -v run LOCK_ARGS -- true` with only `PATH`, `HOME` (`home`),
-/// `DBMUTEX_DATABASE_URL` (`url`) and `vars` in its environment: its exit
-/// status and stderr, which must not hold the password.
-fn run_in_env(home: &std::path::Path, url: &str, lock_args: &[&str], vars: &[(&str, &str)]) -> (i32, String) {
-    let mut c = Command::new(BIN);
-    c.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home)
-        .env("DBMUTEX_DATABASE_URL", url)
-        .args(["-v", "run"])
-        .args(lock_args)
-        .args(["--", "true"]);
-    for (k, v) in vars {
-        c.env(k, v);
-    }
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains(PASSWORD), "the password was printed: {err}");
-    (out.status.code().unwrap_or(-1), err)
+/// `dbmutex -v run LOCK_ARGS -- true` in the environment `vars` (see
+/// [`dbmutex_in_env`]).
+fn run_in_env(home: &Path, url: &str, lock_args: &[&str], vars: &[(&str, &str)]) -> (i32, String) {
+    let args: Vec<&str> = ["-v", "run"].iter().chain(lock_args).copied().collect();
+    let vars: Vec<(&str, &std::ffi::OsStr)> =
+        vars.iter().map(|(k, v)| (*k, std::ffi::OsStr::new(*v))).collect();
+    dbmutex_in_env(home, url, &args, &vars)
 }
 
 /// The socket `mariadb --print-defaults` gives with `HOME` at `home` and
