@@ -38,9 +38,11 @@ impl Locker {
     /// same password); MySQL/MariaDB takes the option files' password,
     /// else `MYSQL_PWD`. No user: MySQL/MariaDB takes the option files'
     /// user, else the login's name (`root`
-    /// for the superuser), as the clients do. All are read at each connect,
-    /// as the clients read them, so a reconnect after a password rotation
-    /// sends the new password.
+    /// for the superuser), as the clients do. The passwords and the option
+    /// files are read at each connect, as the clients read them, so a
+    /// reconnect after a password rotation sends the new password;
+    /// libpq's environment and service file are read once, when the
+    /// locker is built (a password in the service file included).
     pub async fn connect(url: &str) -> Result<Locker> {
         Self::builder(url).connect().await
     }
