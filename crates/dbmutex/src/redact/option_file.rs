@@ -124,15 +124,22 @@ fn client_password(text: &str) -> Option<String> {
 /// The last option `name` of the client groups (`[client]`,
 /// `[client-server]`, `[client-mariadb]`) of an option file's text (the
 /// last one read wins, as in the clients). Lines starting with `#` or
-/// `;` are comments, as is an unquoted value's tail from a `#`; a value may
-/// be quoted (`'…'` or `"…"`) and holds the escapes `\n`, `\t`, `\r`, `\b`,
-/// `\s` (a space), `\\`, `\'` and `\"`. `!include` directives are not
-/// followed.
+/// `;` are comments, as is a line's tail from a `#` outside quotes
+/// ([`uncommented`]); the value is read by [`value_of`]. `!include`
+/// directives are not followed.
+///
+/// A bare `name` (no `=`) gives none, and hides an earlier value: for
+/// `password` the clients then prompt for one, which dbmutex cannot do,
+/// and the password of an earlier line or file (or an empty one) would be
+/// a wrong one, sent without a word (`MYSQL_PWD`, if set, is then taken,
+/// as where the files name none); for the options dbmutex reads that take
+/// a value (`user`, `host`, `port`, `socket`) the clients stop with
+/// "requires an argument", and dbmutex reads on with the default.
 pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
     let mut in_client = false;
     let mut found = None;
     for line in text.lines() {
-        let line = line.trim();
+        let line = line.trim_matches(is_space);
         if line.is_empty() || line.starts_with(['#', ';', '!']) {
             continue;
         }
@@ -144,44 +151,85 @@ pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
         if !in_client {
             continue;
         }
-        let (key, value) = line.split_once('=').unwrap_or((line, ""));
+        let line = uncommented(line);
+        let (key, value) = match line.split_once('=') {
+            Some((key, value)) => (key, Some(value)),
+            None => (line, None),
+        };
         // Option names may spell `_` as `-`.
-        if key.trim().replace('-', "_") == name {
-            found = Some(value_of(value.trim()));
+        if key.trim_matches(is_space).replace('-', "_") == name {
+            found = value.map(|v| value_of(v.trim_matches(is_space)));
         }
     }
     found
 }
 
-/// An option's value as the clients read it (see [`client_option`]).
+/// The spaces the clients trim around names and values (`my_isspace` of
+/// Latin-1's ASCII half), `\v` and `\f` among them; not Unicode's others,
+/// which Rust's `trim` would take too.
+fn is_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r')
+}
+
+/// A line without its end comment, which starts at the first `#` outside
+/// quotes, as the clients' `remove_end_comment` cuts it. A quote opens
+/// anywhere in the line, not only at the value's start, and stays open to
+/// its match or the line's end: `password=it's#x` is `it's#x`; in quotes a
+/// `\` escapes the next character (`"a\"#b"` is one quoted string). A
+/// `;` cuts nothing: it starts a comment only at a line's start.
+fn uncommented(line: &str) -> &str {
+    let mut quote = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        if matches!(c, '\'' | '"') && !escaped {
+            quote = match quote {
+                None => Some(c),
+                Some(q) if q == c => None,
+                open => open,
+            };
+        }
+        if c == '#' && quote.is_none() {
+            return &line[..i];
+        }
+        escaped = quote.is_some() && c == '\\' && !escaped;
+    }
+    line
+}
+
+/// An option's value as the clients read it (`search_default_file_with_ext`),
+/// from `raw`, what follows the `=`, comment cut and spaces trimmed. Quotes
+/// are dropped only where the same one opens and ends the whole value, so
+/// `"abc"def`, `"abc` and a lone `"` keep theirs. Then, quoted or not, the
+/// escapes `\n`, `\t`, `\r`, `\b`, `\s` (a space: the one way to end a
+/// value with a space unquoted), `\\`, `\'` and `\"` are decoded; any other
+/// (`\q`) and a final `\` are kept as written, backslash and all.
 fn value_of(raw: &str) -> String {
-    let quote = raw.chars().next().filter(|c| *c == '\'' || *c == '"');
-    let body = match quote {
-        Some(_) => &raw[1..],
-        None => raw,
-    };
-    let mut out = String::new();
+    let body = ['"', '\'']
+        .into_iter()
+        .find_map(|q| raw.strip_prefix(q)?.strip_suffix(q))
+        .unwrap_or(raw);
+    let mut out = String::with_capacity(body.len());
     let mut chars = body.chars();
     while let Some(c) = chars.next() {
-        match (c, quote) {
-            ('\\', _) => match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('t') => out.push('\t'),
-                Some('r') => out.push('\r'),
-                Some('b') => out.push('\u{8}'),
-                Some('s') => out.push(' '),
-                Some(other) => out.push(other),
-                None => out.push('\\'),
-            },
-            (c, Some(q)) if c == q => break,
-            ('#', None) => break,
-            (c, _) => out.push(c),
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('b') => out.push('\u{8}'),
+            Some('s') => out.push(' '),
+            Some(c @ ('\\' | '\'' | '"')) => out.push(c),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
         }
     }
-    match quote {
-        Some(_) => out,
-        None => out.trim_end().to_owned(),
-    }
+    out
 }
 
 #[cfg(test)]
@@ -216,6 +264,73 @@ mod tests {
         }
         assert_eq!(client_password("[mysqld]\npassword=x\n"), None);
         assert_eq!(client_password("password=outside-a-group\n"), None);
+    }
+
+    /// Each line's value as `my_print_defaults --defaults-file=F client`
+    /// of MariaDB 10.11 (Debian's 1:10.11) printed it for the file
+    /// `[client]\nLINE\n` (`None`: it printed no `--password`).
+    #[test]
+    fn values_are_read_as_my_print_defaults_of_mariadb_10_11_reads_them() {
+        for (line, want) in [
+            // Escapes: the known ones decoded, quoted or not; an unknown
+            // one, and a final backslash, kept as written.
+            (r"password=a\qb", Some(r"a\qb")),
+            (r"password=a\nb\tc\rd\be", Some("a\nb\tc\rd\u{8}e")),
+            (r"password=a\\b\sc", Some(r"a\b c")),
+            (r"password=abc\s", Some("abc ")),
+            (r"password=abc\", Some(r"abc\")),
+            (r#"password=\"abc\""#, Some(r#""abc""#)),
+            (r#"password="a\""#, Some(r"a\")),
+            // `#` ends the value outside quotes, wherever they opened;
+            // `;` never does.
+            ("password=abc #x", Some("abc")),
+            ("password=it's#x", Some("it's#x")),
+            (r"password=a\'#b", Some("a'#b")),
+            (r#"password=a\"b#c"#, Some(r#"a"b#c"#)),
+            (r##"password=a"#"b"##, Some(r##"a"#"b"##)),
+            ("password=abc ;x", Some("abc ;x")),
+            (r#"password="a#b;c" #d"#, Some("a#b;c")),
+            ("password='a#b' #c", Some("a#b")),
+            (r##"password="a\"#b""##, Some(r##"a"#b"##)),
+            (r"password='a\'#b'", Some("a'#b")),
+            // Quotes dropped only around the whole value.
+            (r#"password="abc"def"#, Some(r#""abc"def"#)),
+            ("password='abc'def", Some("'abc'def")),
+            (r#"password="abc";c"#, Some(r#""abc";c"#)),
+            (r#"password="abc"def""#, Some(r#"abc"def"#)),
+            (r#"password="a#b"#, Some(r#""a#b"#)),
+            (r#"password="abc'"#, Some(r#""abc'"#)),
+            (r#"password=""#, Some(r#"""#)),
+            ("password=''", Some("")),
+            (r#"password="abc"  ""#, Some(r#"abc"  "#)),
+            // Spaces around `=` and at the ends, CR LF, `\v`.
+            ("password\t=\t' in '\t", Some(" in ")),
+            ("password = spaced  \r", Some("spaced")),
+            ("password=\"abc\"\r", Some("abc")),
+            ("password=abc\x0b", Some("abc")),
+            ("password=a=b", Some("a=b")),
+            ("password =  ", Some("")),
+            // No `=`: `--password`, a prompt (see `client_option`); a
+            // `#` in the name cuts it.
+            ("  password  ", None),
+            ("pass#word=x", None),
+        ] {
+            assert_eq!(
+                client_password(&format!("[client]\n{line}\n")).as_deref(),
+                want,
+                "{line:?}"
+            );
+        }
+    }
+
+    /// A bare `password` after a value: `my_print_defaults` of MariaDB
+    /// 10.11 printed `--password=first` then `--password`, and the last
+    /// wins, so the client prompts rather than send `first`.
+    #[test]
+    fn a_bare_password_line_hides_an_earlier_password() {
+        let text = "[client]\npassword=first\n[client-server]\npassword\n";
+        assert_eq!(client_password(text), None);
+        assert_eq!(client_option("[client]\nport\n", "port"), None);
     }
 
     #[test]
