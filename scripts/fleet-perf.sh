@@ -22,33 +22,19 @@ secs=${DURATION:-8}
 out=${OUT:-$(mktemp -d -t dbmutex-fleet-perf.XXXXXX)}
 mkdir -p "$out"
 command -v perf >/dev/null || { echo "fleet-perf.sh: perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
-bindir=${DBMUTEX_PG_BINDIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
-[ -x "$bindir/initdb" ] || { echo "fleet-perf.sh: no initdb (apt-get install postgresql)" >&2; exit 1; }
 cargo build -q --profile profiling -p dbmutex-bench
 bench=$out/dbmutex-bench
 cp "${CARGO_TARGET_DIR:-target}/profiling/dbmutex-bench" "$bench"
 
-dir=$(mktemp -d -t dbmutex-private-pg-fleet-perf.XXXXXX)
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+# shellcheck source=scripts/private-pg.sh
+. scripts/private-pg.sh
 cleanup() {
   pkill -f "^sleep 86400$" 2>/dev/null || true
-  as_pg "$bindir/pg_ctl" -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
-  rm -rf "$dir"
+  private_pg_stop
 }
 trap cleanup EXIT
-[ "$(id -u)" != 0 ] || chown postgres "$dir"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-as_pg "$bindir/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
-cat >>"$dir/data/postgresql.conf" <<EOF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$dir'
-max_connections = $(( n + 40 > 100 ? n + 40 : 100 ))
-fsync = off
-full_page_writes = off
-EOF
-as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
-url="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+private_pg_start $(( n + 40 > 100 ? n + 40 : 100 ))
+url=$PRIVATE_PG_URL
 
 for side in raw dbmutex; do
   # perf starts first and records the whole run: started under the
@@ -58,10 +44,11 @@ for side in raw dbmutex; do
   perf record -q -a -F 1999 -o "$out/$side.perf" -- sleep $(( secs + 8 + n / 20 )) >/dev/null 2>&1 &
   perf_pid=$!
   for i in $(seq 0 $((n - 1))); do
-    # stdin open until the end: a worker keeps its connection until EOF.
+    # stdin open until the end: a worker keeps its connection until EOF
+    # (the subshell's "Terminated", when its `sleep` is ended, is not shown).
     (sleep 86400 | "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$side" \
       --fleet-name "fleet-perf-$(( i % names ))" --fleet-app "fleet-perf-$side" \
-      --fleet-start-ms "$start" --fleet-end-ms "$end" >"$out/$side.w$i" 2>&1) &
+      --fleet-start-ms "$start" --fleet-end-ms "$end" >"$out/$side.w$i" 2>&1) 2>/dev/null &
   done
   wait "$perf_pid" || true
   while [ "$(date +%s%3N)" -lt $(( end + 1500 )) ]; do sleep 0.2; done

@@ -44,31 +44,17 @@ mkdir -p "$OUT"
 max_n=$(tr ' ' '\n' <<<"$PROCS" | sort -n | tail -n1)
 MAX_CONNECTIONS=${MAX_CONNECTIONS:-$(( max_n + 40 > 100 ? max_n + 40 : 100 ))}
 
-bindir=${DBMUTEX_PG_BINDIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
-[ -x "$bindir/initdb" ] || { echo "fleet.sh: no initdb (apt-get install postgresql)" >&2; exit 1; }
-
+# shellcheck source=scripts/private-pg.sh
+. scripts/private-pg.sh
 hogs=()
-dir=$(mktemp -d -t dbmutex-private-pg-fleet.XXXXXX)
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
     [ "${#hogs[@]}" -eq 0 ] || kill "${hogs[@]}" 2>/dev/null || true
-    as_pg "$bindir/pg_ctl" -D "$dir/data" stop -m immediate >/dev/null 2>&1 || true
-    rm -rf "$dir"
+    private_pg_stop
 }
 trap cleanup EXIT
-[ "$(id -u)" != 0 ] || chown postgres "$dir"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-as_pg "$bindir/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
-cat >>"$dir/data/postgresql.conf" <<EOF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$dir'
-max_connections = $MAX_CONNECTIONS
-fsync = off
-full_page_writes = off
-EOF
-as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
-URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable"
+private_pg_start "$MAX_CONNECTIONS"
+URL=$PRIVATE_PG_URL
+dir=$PRIVATE_PG_DIR
 
 if [ -n "${BENCH_BIN:-}" ]; then
     # Another build's binary (an A/B of two commits, one run each).
@@ -86,7 +72,7 @@ for _ in $(seq "$LOAD"); do
     hogs+=("$!")
 done
 
-echo "== fleet: $(nproc) cores; private PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), max_connections $MAX_CONNECTIONS; busy loops beside: $LOAD; ${DURATION} s per side"
+echo "== fleet: $(nproc) cores; private PostgreSQL $("$private_pg_bindir/postgres" --version | awk '{print $3}'), max_connections $MAX_CONNECTIONS; busy loops beside: $LOAD; ${DURATION} s per side"
 printf '%-5s %-6s %-8s %10s %9s %7s %12s %8s %8s %8s %8s\n' N names side "acq/s" "p99 ms" conns "cpu ms/acq" ratio "cpu x" "user x" "kern x"
 for n in $PROCS; do
     for names in 1 "$n"; do
