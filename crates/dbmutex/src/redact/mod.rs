@@ -56,7 +56,7 @@ pub(crate) use passwd::is_root;
 #[cfg(feature = "postgres")]
 pub(crate) use pg_locate::{pg_default_host, pg_default_server, pg_locate};
 #[cfg(feature = "postgres")]
-pub(crate) use pg_service::{layered, pg_service};
+pub(crate) use pg_service::{from_service, layered, pg_service};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use scheme::read_credentials_file;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

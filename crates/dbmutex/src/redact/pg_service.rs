@@ -261,6 +261,22 @@ fn section(text: &str, name: &str, file: &Path) -> Result<Option<Vec<(String, St
     Ok(found.then_some(params))
 }
 
+/// `pg_locate`'s error `message` naming where a count came from: it
+/// names the variable (`… (PGPORT)`), which a service's value stands in
+/// for ([`layered`]); where the service gave the value, the message says
+/// so instead of sending the reader to a variable that may not be set.
+pub(crate) fn from_service(service: &Option<Service>, message: String) -> String {
+    let Some(service) = service else {
+        return message;
+    };
+    AS_ENV
+        .iter()
+        .filter(|(var, _)| service.env(var).is_some())
+        .fold(message, |m, (var, key)| {
+            m.replace(&format!("({var})"), &format!("(the service's {key})"))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +293,22 @@ mod tests {
         std::fs::write(&f, text).unwrap();
         let path = f.to_str().unwrap().to_owned();
         (dir, path)
+    }
+
+    #[test]
+    fn a_count_the_service_gave_is_named_as_the_services() {
+        let (_d, f) = file_with("[prod]\nhost=a,b\nport=1,2,3\n");
+        let vars = [("PGSERVICEFILE", f.as_str()), ("PGSERVICE", "prod")];
+        let service = pg_service(&[], &env_of(&vars)).unwrap();
+        let e = crate::redact::pg_locate("postgres:///x", &[], layered(&service, env_of(&vars))).unwrap_err();
+        assert_eq!(
+            from_service(&service, e),
+            "3 port numbers for 2 hosts (the service's port)"
+        );
+        // A variable the service does not stand in for keeps its name.
+        let plain = [("PGHOST", "a,b"), ("PGPORT", "1,2,3")];
+        let e = crate::redact::pg_locate("postgres:///x", &[], layered(&None, env_of(&plain))).unwrap_err();
+        assert_eq!(from_service(&None, e), "3 port numbers for 2 hosts (PGPORT)");
     }
 
     #[test]

@@ -113,7 +113,8 @@ impl Connector {
         });
         // What the URL leaves out, from libpq's environment (PGHOST, PGPORT,
         // PGUSER, PGDATABASE), and libpq's socket for an empty host.
-        let rebuilt = crate::redact::pg_locate(base, &kept, env).map_err(bad)?;
+        let rebuilt = crate::redact::pg_locate(base, &kept, env)
+            .map_err(|e| bad(crate::redact::from_service(&service, e)))?;
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
             Error::Config(format!(
                 "bad PostgreSQL URL {}: {}",
