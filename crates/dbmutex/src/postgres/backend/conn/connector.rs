@@ -111,8 +111,7 @@ impl Connector {
         } else {
             "sslmode=require"
         });
-        // What the URL leaves out, from libpq's environment (PGHOST, PGPORT,
-        // PGUSER, PGDATABASE), and libpq's socket for an empty host.
+        // What the URL leaves out: libpq's environment, its socket for no host.
         let rebuilt = crate::redact::pg_locate(base, &kept, env)
             .map_err(|e| bad(crate::redact::from_service(&service, e)))?;
         let config: Config = rebuilt.parse().map_err(|e: tokio_postgres::Error| {
