@@ -2,7 +2,7 @@
 # Where a fleet worker's time goes, sampled in the fleet itself
 # (BENCHMARKS.md, session 25): N `fleet-worker` processes of one side on K
 # names for DURATION seconds on a private PostgreSQL, under
-# `perf record -a`, first the raw floor, then dbmutex; prints for each side
+# `perf record -a`, first the raw floor, then dbmutex (SIDES); prints for each side
 # the acquisitions and the samples per 1,000 acquisitions by process and
 # object (the workers' own code, their kernel time, libc; the server's),
 # then the workers' own code by crate. Callgrind (scripts/callgrind.sh)
@@ -10,6 +10,7 @@
 #
 #   scripts/fleet-perf.sh              # N = 50 on 50 names, 8 s per side
 #   N=200 NAMES=1 scripts/fleet-perf.sh
+#   SIDES="dbmutex raw" scripts/fleet-perf.sh   # the other order
 #
 # Needs perf (Debian linux-perf) and root (perf -a). Builds the bench with
 # the `profiling` profile (release with line tables); OUT keeps the
@@ -36,7 +37,7 @@ trap cleanup EXIT
 private_pg_start $(( n + 40 > 100 ? n + 40 : 100 ))
 url=$PRIVATE_PG_URL
 
-for side in raw dbmutex; do
+for side in ${SIDES:-raw dbmutex}; do
   # perf starts first and records the whole run: started under the
   # fleet's load, it took seconds to begin sampling.
   start=$(( $(date +%s%3N) + 6000 + n * 40 ))
