@@ -144,8 +144,12 @@ pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
             continue;
         }
         if let Some(group) = line.strip_prefix('[') {
-            let name = group.split(']').next().map(str::trim);
-            in_client = matches!(name, Some("client" | "client-server" | "client-mariadb"));
+            // As the clients read a group's name: spaces before the `]`
+            // dropped, not after the `[`, and any case (`[CLIENT]`).
+            let name = group.split(']').next().unwrap_or("").trim_end_matches(is_space);
+            in_client = ["client", "client-server", "client-mariadb"]
+                .iter()
+                .any(|g| name.eq_ignore_ascii_case(g));
             continue;
         }
         if !in_client {
@@ -156,8 +160,12 @@ pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
             Some((key, value)) => (key, Some(value)),
             None => (line, None),
         };
-        // Option names may spell `_` as `-`.
-        if key.trim_matches(is_space).replace('-', "_") == name {
+        // Option names may spell `_` as `-`, in any case, and carry the
+        // `loose-` prefix (an option a program does not know is then
+        // passed over, not an error): `PORT=3307` and `loose-host=db2`
+        // move the `mariadb` client, so they move dbmutex too.
+        let key = key.trim_matches(is_space).replace('-', "_").to_ascii_lowercase();
+        if key.strip_prefix("loose_").unwrap_or(&key) == name {
             found = value.map(|v| value_of(v.trim_matches(is_space)));
         }
     }
@@ -246,7 +254,7 @@ mod tests {
                     password = first\n\
                     [mysql]\n\
                     password = nor-this\n\
-                    [ client ]\n\
+                    [Client ]\n\
                     password = s3cret # a comment\n";
         assert_eq!(client_password(text).as_deref(), Some("s3cret"));
         for (line, want) in [
@@ -321,6 +329,42 @@ mod tests {
                 "{line:?}"
             );
         }
+    }
+
+    /// Names as the `mariadb` client of MariaDB 10.11 takes them (each
+    /// checked by what it then did: `PASSWORD=secret`, `LOOSE-password`
+    /// and `loose_password` sent a password, `Port=1` dialed port 1;
+    /// `loose--password` and `loose-pass-word` were unknown variables; a
+    /// password under `[CLIENT]` was sent, under `[ client ]` not).
+    #[test]
+    fn option_names_are_matched_as_the_client_matches_them() {
+        for (line, want) in [
+            ("PASSWORD=secret", Some("secret")),
+            ("LOOSE-password=secret", Some("secret")),
+            ("loose_password=secret", Some("secret")),
+            ("loose--password=secret", None),
+            ("loose-pass-word=secret", None),
+        ] {
+            assert_eq!(
+                client_password(&format!("[client]\n{line}\n")).as_deref(),
+                want,
+                "{line:?}"
+            );
+        }
+        // Groups: any case, spaces dropped before the `]` only (`[client ]`
+        // and `[Client-Server]` were read, `[ client ]` was not).
+        for (group, read) in [
+            ("[CLIENT]", true),
+            ("[client ]", true),
+            ("[Client-Server]", true),
+            ("[ client ]", false),
+        ] {
+            let got = client_password(&format!("{group}\npassword=secret\n"));
+            assert_eq!(got.is_some(), read, "{group}");
+        }
+        let text = "[client]\nPort=3307\nloose-HOST=db2\n";
+        assert_eq!(client_option(text, "port").as_deref(), Some("3307"));
+        assert_eq!(client_option(text, "host").as_deref(), Some("db2"));
     }
 
     /// A bare `password` after a value: `my_print_defaults` of MariaDB
