@@ -30,7 +30,7 @@ cp "${CARGO_TARGET_DIR:-target}/profiling/dbmutex-bench" "$bench"
 # shellcheck source=scripts/private-pg.sh
 . scripts/private-pg.sh
 cleanup() {
-  pkill -f "^sleep 86400$" 2>/dev/null || true
+  exec 3>&- # EOF: the workers of a side cut short end too
   private_pg_stop
 }
 trap cleanup EXIT
@@ -44,17 +44,19 @@ for side in ${SIDES:-raw dbmutex}; do
   end=$(( start + secs * 1000 ))
   perf record -q -a -F 1999 -o "$out/$side.perf" -- sleep $(( secs + 8 + n / 20 )) >/dev/null 2>&1 &
   perf_pid=$!
+  # The workers' stdin: a FIFO whose one writer is this script (fd 3), so
+  # a worker keeps its connection until the script closes it (EOF).
+  mkfifo "$out/$side.stdin"
+  exec 3<>"$out/$side.stdin"
   for i in $(seq 0 $((n - 1))); do
-    # stdin open until the end: a worker keeps its connection until EOF
-    # (the subshell's "Terminated", when its `sleep` is ended, is not shown).
-    (sleep 86400 | "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$side" \
+    "$bench" --database-url "$url" --scenario fleet-worker --fleet-side "$side" \
       --fleet-name "fleet-perf-$(( i % names ))" --fleet-app "fleet-perf-$side" \
-      --fleet-start-ms "$start" --fleet-end-ms "$end" >"$out/$side.w$i" 2>&1) 2>/dev/null &
+      --fleet-start-ms "$start" --fleet-end-ms "$end" <"$out/$side.stdin" >"$out/$side.w$i" 2>&1 3>&- &
   done
   wait "$perf_pid" || true
   while [ "$(date +%s%3N)" -lt $(( end + 1500 )) ]; do sleep 0.2; done
-  pkill -f "^sleep 86400$" || true
-  wait 2>/dev/null || true
+  exec 3>&-
+  wait
   acq=$(cat "$out/$side".w* | awk '/^waits/ { a += NF - 5 } END { print a + 0 }')
   echo "== $side: $acq acquisitions; samples per 1,000 acquisitions"
   [ "$acq" -gt 0 ] || { echo "fleet-perf.sh: no acquisitions on the $side side" >&2; exit 1; }

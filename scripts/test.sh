@@ -189,6 +189,8 @@ else
   # claims are about CPU or timing under load (the fleet of 50 processes,
   # the local backend's fairness) run alone, first; the rest longest first.
   lanes=${LANES:-2}
+  # xargs -P 0 would start every binary at once.
+  [[ "$lanes" =~ ^[1-9][0-9]*$ ]] || { say "LANES must be a positive number, not '$lanes'"; exit 64; }
   say "running cargo test --workspace --all-features --no-fail-fast, $lanes test binaries at a time"
   binaries=$(cargo test --workspace --all-features --no-run --message-format=json-render-diagnostics | list_binaries)
   status=${PIPESTATUS[0]}

@@ -264,14 +264,15 @@ mod tests {
             ("password=a\\sb\\\\c", "a b\\c"),
             ("password=", ""),
         ] {
-            assert_eq!(
-                client_password(&format!("[client]\n{line}\n")).as_deref(),
-                Some(want),
-                "{line}"
-            );
+            assert_eq!(in_client(line).as_deref(), Some(want), "{line}");
         }
         assert_eq!(client_password("[mysqld]\npassword=x\n"), None);
         assert_eq!(client_password("password=outside-a-group\n"), None);
+    }
+
+    /// The password of a file of `[client]` and `line`.
+    fn in_client(line: &str) -> Option<String> {
+        client_password(&format!("[client]\n{line}\n"))
     }
 
     /// Each line's value as `my_print_defaults --defaults-file=F client`
@@ -323,11 +324,7 @@ mod tests {
             ("  password  ", None),
             ("pass#word=x", None),
         ] {
-            assert_eq!(
-                client_password(&format!("[client]\n{line}\n")).as_deref(),
-                want,
-                "{line:?}"
-            );
+            assert_eq!(in_client(line).as_deref(), want, "{line:?}");
         }
     }
 
@@ -345,11 +342,7 @@ mod tests {
             ("loose--password=secret", None),
             ("loose-pass-word=secret", None),
         ] {
-            assert_eq!(
-                client_password(&format!("[client]\n{line}\n")).as_deref(),
-                want,
-                "{line:?}"
-            );
+            assert_eq!(in_client(line).as_deref(), want, "{line:?}");
         }
         // Groups: any case, spaces dropped before the `]` only (`[client ]`
         // and `[Client-Server]` were read, `[ client ]` was not).
