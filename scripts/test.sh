@@ -29,6 +29,12 @@
 #   DBMUTEX_TEST_MYSQL_URL  MySQL/MariaDB URL (default mysql://root@127.0.0.1:3306/test)
 #   DBMUTEX_SKIP_SERVICES=1 do not touch services (you manage them yourself)
 #   LANES=1                 cargo runs the test binaries, one at a time
+#   TEST_TIMEOUT            seconds one test binary may run (default 900, the
+#                           longest takes ~70 s): past it, the binary and the
+#                           processes it started are killed, its output so far
+#                           printed, and the run fails, instead of a hung test
+#                           holding CI silent until the job's own limit (not
+#                           with LANES=1 or arguments: cargo runs them then)
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p dbmutex`),
 # which then runs the binaries itself, one at a time.
 set -euo pipefail
@@ -154,25 +160,35 @@ for line in sys.stdin:
 ' "$weights"
 }
 
-# One test binary: run in its package's directory, as cargo runs it; its
-# output printed whole (under a lock, so two never interleave) once it ends.
+# One test binary: run in its package's directory, as cargo runs it, for at
+# most TEST_TIMEOUT seconds; its output printed whole (under a lock, so two
+# never interleave) once it ends.
 run_one() {
   local weight name exe pkg label
   IFS=$'\t' read -r weight name exe pkg label <<<"$1"
   local out="$outdir/$(basename "$exe")"
   local t0=$SECONDS rc=0
-  (cd "$pkg" && "$exe") >"$out" 2>&1 || rc=$?
+  # timeout(1) signals the binary's whole process group (the servers and
+  # CLI processes it started with it); KILL 10 s after TERM if still there.
+  (cd "$pkg" && timeout --kill-after=10 "$TEST_TIMEOUT" "$exe") >"$out" 2>&1 || rc=$?
   {
     flock 9
     printf '     Running %s (%s)\n' "$label" "$exe"
     cat "$out"
-    [ "$rc" = 0 ] || printf 'test.sh: %s exited with status %d\n' "$label" "$rc"
+    case "$rc" in
+      0) ;;
+      124) printf 'test.sh: %s did not end within TEST_TIMEOUT=%s s: killed (its output so far is above)\n' "$label" "$TEST_TIMEOUT" ;;
+      137) printf 'test.sh: %s was killed by SIGKILL (past TEST_TIMEOUT=%s s and deaf to SIGTERM, or killed by something else)\n' "$label" "$TEST_TIMEOUT" ;;
+      *) printf 'test.sh: %s exited with status %d\n' "$label" "$rc" ;;
+    esac
     printf 'test.sh: %s took %d s\n' "$label" $((SECONDS - t0)) >&2
   } 9>"$outdir/.lock"
   [ "$rc" = 0 ]
 }
 export -f run_one
-export outdir
+TEST_TIMEOUT=${TEST_TIMEOUT:-900}
+[[ "$TEST_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { say "TEST_TIMEOUT must be a positive number of seconds, not '$TEST_TIMEOUT'"; exit 64; }
+export outdir TEST_TIMEOUT
 
 set +e
 if [ "$#" -gt 0 ] || [ "${LANES:-2}" = 1 ]; then
