@@ -14,7 +14,7 @@ use super::backend::{Attempt, Backend, Missing, WaitIn, Waited};
 use super::guard::{BoxFut, Grant, LockGuard};
 use super::metrics::{Attempt as Measured, Labels, Outcome};
 use super::permits::{Permit, Permits};
-use super::reuse::Reused;
+use super::reuse::{boxed_cold, Reused};
 use super::settle::{self, Settled};
 use super::upgrade::{self, Upgrade, Upgraded};
 use super::wait::{Backoff, Deadline};
@@ -141,11 +141,8 @@ impl<B: Backend> Pipeline<B> {
             // The debug log's span, boxed: off, it costs the hot path's
             // future nothing.
             let span = tracing::debug_span!("dbmutex", name = %name, mode = opts.mode.as_str());
-            Box::pin(tracing::Instrument::instrument(
-                self.grant(&name, &key, opts, deadline),
-                span,
-            ))
-            .await?
+            boxed_cold(|| tracing::Instrument::instrument(self.grant(&name, &key, opts, deadline), span))
+                .await?
         } else {
             self.grant(&name, &key, opts, deadline).await?
         };
@@ -158,7 +155,9 @@ impl<B: Backend> Pipeline<B> {
                     fence,
                     delay,
                 } = if opts.fenced || opts.lock_delay.is_some() {
-                    match Box::pin(settle::settle(g, &name, key.to_string(), opts, deadline.at())).await? {
+                    match boxed_cold(|| settle::settle(g, &name, key.to_string(), opts, deadline.at()))
+                        .await?
+                    {
                         Some(s) => s,
                         None => return Ok(None),
                     }
@@ -248,8 +247,11 @@ impl<B: Backend> Pipeline<B> {
             let r = match (told, deadline.at()) {
                 // A retry's connect must not outlast the caller's bound.
                 (true, Some(d)) => {
-                    match tokio::time::timeout_at(d, Box::pin(self.grant_once(name, key, opts, deadline)))
-                        .await
+                    match tokio::time::timeout_at(
+                        d,
+                        boxed_cold(|| self.grant_once(name, key, opts, deadline)),
+                    )
+                    .await
                     {
                         Ok(r) => r,
                         Err(_) => return Ok(None),
@@ -308,7 +310,7 @@ impl<B: Backend> Pipeline<B> {
         // per-thread cache).
         let g = match plan.wait {
             WaitIn::Server => {
-                match Reused::new(&WAITS, || self.backend.wait_in_server(tries, &mut at)).await? {
+                match Reused::new_cold(&WAITS, || self.backend.wait_in_server(tries, &mut at)).await? {
                     Waited::Granted(g) => Some(g),
                     Waited::TimedOut => None,
                     Waited::Poll(_) => {
@@ -318,7 +320,7 @@ impl<B: Backend> Pipeline<B> {
                     }
                 }
             }
-            WaitIn::Poll { max_backoff } => Box::pin(self.poll(&tries, &mut at, max_backoff)).await?,
+            WaitIn::Poll { max_backoff } => boxed_cold(|| self.poll(&tries, &mut at, max_backoff)).await?,
             WaitIn::TryThenServer { max_backoff } => {
                 if let Some(g) = self.backend.try_once(&tries, &mut at).await? {
                     return Ok(Some(Granted::new(g, None)));
@@ -326,7 +328,7 @@ impl<B: Backend> Pipeline<B> {
                 if opts.is_try_once() || at.deadline.passed() {
                     return Ok(None);
                 }
-                return Reused::new(&WAITS_AFTER_TRY, || {
+                return Reused::new_cold(&WAITS_AFTER_TRY, || {
                     self.wait_after_try(tries, &mut at, max_backoff)
                 })
                 .await;
@@ -354,7 +356,7 @@ impl<B: Backend> Pipeline<B> {
             None => (tries, None),
         };
         drop(permit);
-        Ok(Box::pin(self.poll(&tries, at, max_backoff))
+        Ok(boxed_cold(|| self.poll(&tries, at, max_backoff))
             .await?
             .map(|g| Granted::new(g, None)))
     }

@@ -109,6 +109,26 @@ impl<'a, T> Reused<'a, T> {
             shelf,
         }
     }
+
+    /// [`Reused::new`], out of line: for a future made on a rare path of a
+    /// hot one (a wait after a failed try). Inlined, the future is built in
+    /// a slot of the caller's own stack frame, and its code among the
+    /// caller's, which every poll of the caller then spans, taken or not
+    /// (BENCHMARKS.md, "Rare paths out of line").
+    #[inline(never)]
+    pub(crate) fn new_cold<F>(shelf: &'static Shelf, make: impl FnOnce() -> F) -> Self
+    where
+        F: Future<Output = T> + Send + 'a,
+    {
+        Self::new(shelf, make)
+    }
+}
+
+/// `Box::pin(make())`, out of line: as [`Reused::new_cold`], for a rare
+/// path's future boxed on its own.
+#[inline(never)]
+pub(crate) fn boxed_cold<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
+    Box::pin(make())
 }
 
 impl<T> Future for Reused<'_, T> {

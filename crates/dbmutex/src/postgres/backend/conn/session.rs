@@ -290,11 +290,14 @@ impl PgConn {
             // Rare (the first lock of each kind, or behind a pooler):
             // boxed, so that the prepared path's future, awaited in every
             // lock and unlock, stays small.
-            return Box::pin(self.unprepared_call(call, mode, key, name, text, owner)).await;
+            return crate::core::reuse::boxed_cold(|| {
+                self.unprepared_call(call, mode, key, name, text, owner)
+            })
+            .await;
         };
         let stmt = match self.cached(call, mode, key) {
             Some(stmt) => stmt,
-            None => Box::pin(self.prepared(call, mode, key)).await?,
+            None => crate::core::reuse::boxed_cold(|| self.prepared(call, mode, key)).await?,
         };
         let params = sql::Params::of(key, owner);
         let (values, n) = params.key_values();
