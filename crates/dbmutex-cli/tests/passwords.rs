@@ -255,21 +255,27 @@ fn a_mysql_password_comes_from_mysql_pwd_or_my_cnf() {
         text.contains(&format!("socket={want}:")) && (want == unix_port || !text.contains(unix_port)),
         "no host named anywhere: the socket the option files, else MYSQL_UNIX_PORT, name ({want}): {text}"
     );
-    write(
-        &cnf,
-        &format!("[client]\nuser = cron\npassword = \"{PASSWORD}\"\nhost = 127.0.0.1\nport = {port}\n"),
-        0o600,
-    );
-    let (code, text) = run_with(
-        "mysql:///test",
-        &[("MYSQL_TCP_PORT", Path::new("1"))],
-        &home,
-        None,
-    );
-    assert_eq!(
-        code, 0,
-        "the option file's host and port, before the environment's: {text}"
-    );
+    // The option file's host and port, before the environment's; then the
+    // same by unique prefixes of the names, as the `mariadb` client reads
+    // them (`pass` is `password`, `ho` is `host`, `po` is `port`). `cron`
+    // is only the private server's: passed over, they would send dbmutex
+    // to the local socket's server, which refuses it.
+    for (file, url, what) in [
+        (
+            format!("user = cron\npassword = \"{PASSWORD}\"\nhost = 127.0.0.1\nport = {port}"),
+            "mysql:///test",
+            "the option file's host and port, before the environment's",
+        ),
+        (
+            format!("pass = \"{PASSWORD}\"\nho = 127.0.0.1\npo = {port}"),
+            "mysql://cron@/test",
+            "unique prefixes of password, host and port",
+        ),
+    ] {
+        write(&cnf, &format!("[client]\n{file}\n"), 0o600);
+        let (code, text) = run_with(url, &[("MYSQL_TCP_PORT", Path::new("1"))], &home, None);
+        assert_eq!(code, 0, "{what}: {text}");
+    }
     write(
         &cnf,
         &format!("[mysqld]\npassword = wrong\n[client]\nuser = cron\npassword = \"{PASSWORD}\"\n"),
