@@ -168,9 +168,17 @@ run_one() {
   IFS=$'\t' read -r weight name exe pkg label <<<"$1"
   local out="$outdir/$(basename "$exe")"
   local t0=$SECONDS rc=0
-  # timeout(1) signals the binary's whole process group (the servers and
-  # CLI processes it started with it); KILL 10 s after TERM if still there.
-  (cd "$pkg" && timeout --kill-after=10 "$TEST_TIMEOUT" "$exe") >"$out" 2>&1 || rc=$?
+  # timeout(1) puts the binary in a process group of its own, with what it
+  # starts there: past TEST_TIMEOUT the binary gets TERM (KILL 10 s later
+  # if still there), and then whatever is left of the group KILL. Started
+  # in the background and waited for, so that a Ctrl-C or a TERM to
+  # test.sh reaches that group too, not only this shell.
+  (cd "$pkg" && exec timeout --kill-after=10 "$TEST_TIMEOUT" "$exe") >"$out" 2>&1 &
+  local group=$!
+  trap 'kill -TERM -- -"$group" 2>/dev/null; sleep 2; kill -KILL -- -"$group" 2>/dev/null; exit 130' INT TERM HUP
+  wait "$group" || rc=$?
+  trap - INT TERM HUP
+  case "$rc" in 124 | 137) kill -KILL -- -"$group" 2>/dev/null ;; esac
   {
     flock 9
     printf '     Running %s (%s)\n' "$label" "$exe"
@@ -186,9 +194,7 @@ run_one() {
   [ "$rc" = 0 ]
 }
 export -f run_one
-TEST_TIMEOUT=${TEST_TIMEOUT:-900}
-[[ "$TEST_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { say "TEST_TIMEOUT must be a positive number of seconds, not '$TEST_TIMEOUT'"; exit 64; }
-export outdir TEST_TIMEOUT
+export outdir
 
 set +e
 if [ "$#" -gt 0 ] || [ "${LANES:-2}" = 1 ]; then
@@ -207,6 +213,8 @@ else
   lanes=${LANES:-2}
   # xargs -P 0 would start every binary at once.
   [[ "$lanes" =~ ^[1-9][0-9]*$ ]] || { say "LANES must be a positive number, not '$lanes'"; exit 64; }
+  export TEST_TIMEOUT=${TEST_TIMEOUT:-900}
+  [[ "$TEST_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || { say "TEST_TIMEOUT must be a positive number of seconds, not '$TEST_TIMEOUT'"; exit 64; }
   say "running cargo test --workspace --all-features --no-fail-fast, $lanes test binaries at a time"
   binaries=$(cargo test --workspace --all-features --no-run --message-format=json-render-diagnostics | list_binaries)
   status=${PIPESTATUS[0]}

@@ -110,11 +110,14 @@ impl<'a, T> Reused<'a, T> {
         }
     }
 
-    /// [`Reused::new`], out of line: for a future made on a rare path of a
-    /// hot one (a wait after a failed try). Inlined, the future is built in
-    /// a slot of the caller's own stack frame, and its code among the
-    /// caller's, which every poll of the caller then spans, taken or not
-    /// (BENCHMARKS.md, "Rare paths out of line").
+    /// [`Reused::new`], out of line: for a future made on a path of a hot
+    /// function that its common case does not take (PostgreSQL's waits,
+    /// for an acquisition whose try got the lock). Inlined, the future is
+    /// built in a slot of the caller's own stack frame, and its code among
+    /// the caller's, which every poll of the caller then spans, taken or
+    /// not (BENCHMARKS.md, "Rare paths out of line"). Where the path is the
+    /// common one (a wait in the server is every acquisition of MySQL and
+    /// etcd), it costs one call more.
     #[inline(never)]
     pub(crate) fn new_cold<F>(shelf: &'static Shelf, make: impl FnOnce() -> F) -> Self
     where

@@ -135,6 +135,12 @@ fn client_password(text: &str) -> Option<String> {
 /// as where the files name none); for the options dbmutex reads that take
 /// a value (`user`, `host`, `port`, `socket`) the clients stop with
 /// "requires an argument", and dbmutex reads on with the default.
+///
+/// A name is matched whole or by a unique prefix ([`option_named`]), after
+/// one `loose-`. Not read, where the client reads them: the `skip-`,
+/// `disable-`, `enable-`, `maximum-` and `autoset-` prefixes (`skip-port`
+/// after `port=1` sends the client to its default port), a repeated
+/// `loose-`, and `group.option` names.
 pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
     let mut in_client = false;
     let mut found = None;
