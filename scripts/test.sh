@@ -255,7 +255,9 @@ if [ "$status" = 0 ]; then
   say "PASS: $summary"
 else
   say "FAIL (cargo exit $status): $summary"
-  # The failed tests (libtest's `failures:` lists) and targets (cargo's last lines).
-  grep -E '^    [A-Za-z0-9_:]+$|^    `|^error: ' "$log" | tail -n 40 >&2 || true
+  # The failed tests (libtest's `failures:` lists), targets (cargo's last
+  # lines) and binaries that ended without a result (timed out, crashed).
+  grep -E '^    [A-Za-z0-9_:]+$|^    `|^error: |^test\.sh: .*(did not end|was killed|exited with status)' "$log" |
+    tail -n 40 >&2 || true
 fi
 exit "$status"

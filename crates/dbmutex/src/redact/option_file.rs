@@ -142,6 +142,11 @@ fn client_password(text: &str) -> Option<String> {
 /// after `port=1` sends the client to its default port), a repeated
 /// `loose-`, and `group.option` names.
 pub(crate) fn client_option(text: &str, name: &str) -> Option<String> {
+    // Only the client's own options can ever match (`option_named`).
+    debug_assert!(
+        CLIENT_OPTIONS.contains(&name),
+        "not a mariadb client option: {name}"
+    );
     let mut in_client = false;
     let mut found = None;
     for line in text.lines() {
